@@ -1,0 +1,29 @@
+"""hf-dynaspec: lossless speculative decoding for transformers with DynaSpec drafters and dynamic trees.
+
+    import hf_dynaspec                      # installs the generate() hook
+    drafter = hf_dynaspec.DynaSpecDrafter.from_pretrained("path/or/repo")
+    out = target.generate(**inputs, assistant_model=drafter, max_new_tokens=64)
+"""
+
+from .configuration import DynaSpecConfig
+from .generation import DynaSpecGenerateOutput, DynaSpecGenerationConfig, SpeculativeStats
+from .generation.candidates import DynaSpecCandidateGenerator
+from .generation.hook import install as _install_generate_hook
+from .modeling import DrafterOutput, DynaSpecDrafter
+from .ops import gathered_lm_head
+
+__version__ = "0.1.0"
+
+_install_generate_hook()
+
+__all__ = [
+    "DrafterOutput",
+    "DynaSpecCandidateGenerator",
+    "DynaSpecConfig",
+    "DynaSpecDrafter",
+    "DynaSpecGenerateOutput",
+    "DynaSpecGenerationConfig",
+    "SpeculativeStats",
+    "gathered_lm_head",
+    "__version__",
+]

@@ -1,0 +1,166 @@
+"""DynaSpecConfig: the drafter's configuration (an HF `PretrainedConfig`, model_type "dynaspec_drafter").
+
+It records the target the drafter was built for (family, vocabulary size, width: a mismatched target is
+refused at bind time), the drafter layer's settings (copied from the target's own config, one layer), the
+vocabulary clustering and the router, and the shortlist budget schedule over draft depth.
+
+    python -c "from hf_dynaspec import DynaSpecConfig; print(DynaSpecConfig(vocab_size=1000, hidden_size=64))"
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import AutoConfig, PretrainedConfig
+
+MODEL_TYPE = "dynaspec_drafter"
+
+# Keys of the target's config that describe the target, not the drafter layer: dropped when copied.
+_DROPPED_TARGET_KEYS = (
+    "quantization_config",  # GGUF / bnb targets: the drafter is never quantized and it does not serialise
+    "architectures",
+    "auto_map",
+    "_name_or_path",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "id2label",
+    "label2id",
+    "model_type",
+)
+SCHEDULES = ("linear", "exponential")
+
+
+class DynaSpecConfig(PretrainedConfig):
+    r"""Configuration of a [`DynaSpecDrafter`].
+
+    Args:
+        vocab_size (`int`): the target's vocabulary size (rows of its LM head).
+        hidden_size (`int`): the target's hidden size (the drafter reads the target's hidden states).
+        target_model_type (`str`): the target's `model_type` (e.g. "llama"); the drafter layer is of this family.
+        target_config (`dict`): the target's text config as a dict; the drafter layer is built from it with
+            `num_hidden_layers=1`.
+        num_clusters (`int`): number of vocabulary clusters M (spherical k-means over LM-head rows).
+        router_hidden_size (`int`): width of the router MLP's hidden layer.
+        shortlist_k0 (`int`): clusters kept at the first draft position (depth 0).
+        shortlist_k1 (`int`): clusters kept at the deepest draft position.
+        shortlist_schedule (`str`): "linear" or "exponential" decay of the cluster budget from k0 to k1.
+        always_include_ids (`list[int]`): tokens always in the shortlist (the EOS ids by default).
+        static_shortlist_size (`int`, *optional*): size of the stored static (frequency-ranked) shortlist
+            used by `head_mode="static"`; 0 when the checkpoint carries none.
+        target_name_or_path (`str`, *optional*): where the target came from (informational).
+    """
+
+    model_type = MODEL_TYPE
+
+    def __init__(
+        self,
+        vocab_size: int = 32000,
+        hidden_size: int = 64,
+        target_model_type: str = "llama",
+        target_config: dict[str, Any] | None = None,
+        num_clusters: int = 64,
+        router_hidden_size: int = 256,
+        shortlist_k0: int = 8,
+        shortlist_k1: int = 4,
+        shortlist_schedule: str = "linear",
+        always_include_ids: list[int] | None = None,
+        static_shortlist_size: int = 0,
+        target_name_or_path: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.target_model_type = target_model_type
+        self.target_config = dict(target_config or {})
+        self.num_clusters = num_clusters
+        self.router_hidden_size = router_hidden_size
+        self.shortlist_k0 = shortlist_k0
+        self.shortlist_k1 = shortlist_k1
+        self.shortlist_schedule = shortlist_schedule
+        self.always_include_ids = list(always_include_ids or [])
+        self.static_shortlist_size = static_shortlist_size
+        self.target_name_or_path = target_name_or_path
+        kwargs.pop("tie_word_embeddings", None)  # the drafter owns no head: nothing to tie
+        super().__init__(tie_word_embeddings=False, **kwargs)
+        self.validate_settings()
+
+    def validate_settings(self) -> None:
+        """Raise `ValueError` with what to change when a field is impossible."""
+        positive = {
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_clusters": self.num_clusters,
+            "router_hidden_size": self.router_hidden_size,
+            "shortlist_k0": self.shortlist_k0,
+            "shortlist_k1": self.shortlist_k1,
+        }
+        for name, value in positive.items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"DynaSpecConfig.{name} must be a positive integer, got {value!r}.")
+        if self.num_clusters > self.vocab_size:
+            raise ValueError(
+                f"DynaSpecConfig.num_clusters ({self.num_clusters}) cannot exceed vocab_size ({self.vocab_size})."
+            )
+        for name in ("shortlist_k0", "shortlist_k1"):
+            if getattr(self, name) > self.num_clusters:
+                raise ValueError(
+                    f"DynaSpecConfig.{name} ({getattr(self, name)}) cannot exceed num_clusters ({self.num_clusters})."
+                )
+        if self.shortlist_schedule not in SCHEDULES:
+            raise ValueError(f"shortlist_schedule must be one of {SCHEDULES}, got {self.shortlist_schedule!r}.")
+        bad = [i for i in self.always_include_ids if not 0 <= int(i) < self.vocab_size]
+        if bad:
+            raise ValueError(f"always_include_ids {bad} are outside the vocabulary [0, {self.vocab_size}).")
+        if not 0 <= self.static_shortlist_size <= self.vocab_size:
+            raise ValueError(f"static_shortlist_size must be in [0, vocab_size], got {self.static_shortlist_size}.")
+
+    def clusters_at_depth(self, depth: int, max_depth: int, k0: int | None = None, k1: int | None = None) -> int:
+        """Cluster budget k_c(t) for draft position `depth` (0-based) of `max_depth` positions.
+
+        linear:       k(t) = k0 + (k1 - k0) * t / (D - 1)
+        exponential:  k(t) = k0 * (k1 / k0) ** (t / (D - 1))
+        rounded to the nearest integer and clamped to [1, num_clusters].
+        """
+        k0 = self.shortlist_k0 if k0 is None else k0
+        k1 = self.shortlist_k1 if k1 is None else k1
+        frac = 0.0 if max_depth <= 1 else min(max(depth, 0), max_depth - 1) / (max_depth - 1)
+        if self.shortlist_schedule == "linear":
+            k = k0 + (k1 - k0) * frac
+        else:
+            k = k0 * (k1 / k0) ** frac
+        return int(min(max(round(k), 1), self.num_clusters))
+
+    def build_layer_config(self) -> PretrainedConfig:
+        """The target family's config for the single drafter layer."""
+        fields = {k: v for k, v in self.target_config.items() if k not in _DROPPED_TARGET_KEYS}
+        fields.update(num_hidden_layers=1, hidden_size=self.hidden_size, vocab_size=self.vocab_size)
+        try:
+            layer_config = AutoConfig.for_model(self.target_model_type, **fields)
+        except ValueError as err:
+            raise ValueError(
+                f"Unknown target model type {self.target_model_type!r} in the drafter config: this "
+                "transformers version cannot build its decoder layer."
+            ) from err
+        layer_config._attn_implementation = self._attn_implementation or "sdpa"
+        return layer_config
+
+    @classmethod
+    def from_target_config(cls, target_config: PretrainedConfig, **kwargs: Any) -> DynaSpecConfig:
+        """Build a drafter config for a target (its text config), with drafter settings from `kwargs`."""
+        text_config = target_config.get_text_config()
+        fields = {k: v for k, v in text_config.to_dict().items() if k not in _DROPPED_TARGET_KEYS}
+        eos = text_config.eos_token_id if text_config.eos_token_id is not None else []
+        eos_ids = [eos] if isinstance(eos, int) else list(eos)
+        kwargs.setdefault("always_include_ids", eos_ids)
+        kwargs.setdefault("target_name_or_path", getattr(target_config, "_name_or_path", None) or None)
+        return cls(
+            vocab_size=text_config.vocab_size,
+            hidden_size=text_config.hidden_size,
+            target_model_type=text_config.model_type,
+            target_config=fields,
+            **kwargs,
+        )
+
+
+AutoConfig.register(MODEL_TYPE, DynaSpecConfig, exist_ok=True)

@@ -1,0 +1,12 @@
+"""Tree speculative decoding inside transformers' generate(): config, tree, verification, loop, hook."""
+
+from .config import DraftSettings, DynaSpecGenerationConfig, resolve_draft_settings
+from .stats import DynaSpecGenerateOutput, SpeculativeStats
+
+__all__ = [
+    "DraftSettings",
+    "DynaSpecGenerateOutput",
+    "DynaSpecGenerationConfig",
+    "SpeculativeStats",
+    "resolve_draft_settings",
+]

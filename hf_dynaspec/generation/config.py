@@ -1,0 +1,137 @@
+"""DynaSpecGenerationConfig: the speculative settings, as a `GenerationConfig` subclass.
+
+Defaults live on the drafter (`drafter.generation_config`, saved as `generation_config.json` beside its
+weights), as transformers does for assistants. A `DynaSpecGenerationConfig` passed to `generate()` as
+`generation_config=` overrides them per call; fields left at `None` inherit the drafter's value.
+`resolve_draft_settings` merges both into a validated, frozen `DraftSettings` used by the decoding loop.
+
+    python -c "from hf_dynaspec import DynaSpecGenerationConfig as C; print(C(tree_policy='dyspec').to_json_string())"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import GenerationConfig
+
+TREE_POLICIES = ("eagle2", "dyspec", "chain")
+HEAD_MODES = ("dynamic", "full", "static")
+SPEC_FIELDS = (
+    "tree_policy",
+    "num_draft_nodes",
+    "draft_depth",
+    "draft_top_k",
+    "head_mode",
+    "shortlist_k0",
+    "shortlist_k1",
+)
+# Default tree for CPUs (small: verification of many nodes is costly there; see docs/architecture.md).
+DEFAULT_SETTINGS = dict(
+    tree_policy="eagle2", num_draft_nodes=12, draft_depth=5, draft_top_k=4, head_mode="dynamic"
+)
+
+
+class DynaSpecGenerationConfig(GenerationConfig):
+    r"""[`GenerationConfig`] with the settings of DynaSpec speculative decoding.
+
+    Args:
+        tree_policy (`str`): "eagle2" (top-k per depth, global re-rank by cumulative log-probability),
+            "dyspec" (greedy expansion of the most probable candidate paths until the node budget is spent),
+            or "chain" (one draft per depth).
+        num_draft_nodes (`int`): node budget of the draft tree, root excluded (1..1024).
+        draft_depth (`int`): maximum draft depth (1..64).
+        draft_top_k (`int`): children proposed per expanded node, and nodes expanded per drafter call.
+        head_mode (`str`): drafter head: "dynamic" (router shortlist), "full" (whole vocabulary) or "static".
+        shortlist_k0 / shortlist_k1 (`int`): clusters kept at the first / deepest draft position
+            (default: the drafter config's).
+    """
+
+    def __init__(
+        self,
+        tree_policy: str | None = None,
+        num_draft_nodes: int | None = None,
+        draft_depth: int | None = None,
+        draft_top_k: int | None = None,
+        head_mode: str | None = None,
+        shortlist_k0: int | None = None,
+        shortlist_k1: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.tree_policy = tree_policy
+        self.num_draft_nodes = num_draft_nodes
+        self.draft_depth = draft_depth
+        self.draft_top_k = draft_top_k
+        self.head_mode = head_mode
+        self.shortlist_k0 = shortlist_k0
+        self.shortlist_k1 = shortlist_k1
+        super().__init__(**kwargs)
+
+    def speculative_fields(self) -> dict[str, Any]:
+        """The speculative fields that are set (not None)."""
+        return {name: getattr(self, name) for name in SPEC_FIELDS if getattr(self, name, None) is not None}
+
+    def validate(self, strict: bool = False, user_set_attributes: set[str] | None = None) -> None:
+        super().validate(strict=strict, user_set_attributes=user_set_attributes)
+        check_speculative_fields(self.speculative_fields())
+
+
+@dataclass(frozen=True)
+class DraftSettings:
+    """Concrete, validated settings of one generate() call."""
+
+    tree_policy: str
+    num_draft_nodes: int
+    draft_depth: int
+    draft_top_k: int
+    head_mode: str
+    shortlist_k0: int
+    shortlist_k1: int
+
+
+def check_speculative_fields(fields: dict[str, Any]) -> None:
+    """Raise `ValueError` naming the field and the valid range for impossible values."""
+    choices = {"tree_policy": TREE_POLICIES, "head_mode": HEAD_MODES}
+    ranges = {
+        "num_draft_nodes": (1, 1024),
+        "draft_depth": (1, 64),
+        "draft_top_k": (1, 64),
+        "shortlist_k0": (1, 1 << 20),
+        "shortlist_k1": (1, 1 << 20),
+    }
+    for name, value in fields.items():
+        if name in choices and value not in choices[name]:
+            raise ValueError(f"DynaSpecGenerationConfig.{name} must be one of {choices[name]}, got {value!r}.")
+        if name in ranges:
+            low, high = ranges[name]
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(
+                    f"DynaSpecGenerationConfig.{name} must be an integer in [{low}, {high}], got {value!r}."
+                )
+
+
+def default_drafter_generation_config(shortlist_k0: int, shortlist_k1: int) -> DynaSpecGenerationConfig:
+    """The defaults a fresh drafter carries."""
+    return DynaSpecGenerationConfig(shortlist_k0=shortlist_k0, shortlist_k1=shortlist_k1, **DEFAULT_SETTINGS)
+
+
+def resolve_draft_settings(
+    call_config: GenerationConfig | None, drafter_config: GenerationConfig | None, num_clusters: int
+) -> DraftSettings:
+    """Per-call fields override the drafter's defaults, which override the library defaults."""
+    merged: dict[str, Any] = dict(DEFAULT_SETTINGS)
+    for config in (drafter_config, call_config):
+        if isinstance(config, DynaSpecGenerationConfig):
+            merged.update(config.speculative_fields())
+    merged.setdefault("shortlist_k0", num_clusters)
+    merged.setdefault("shortlist_k1", merged["shortlist_k0"])
+    check_speculative_fields(merged)
+    for name in ("shortlist_k0", "shortlist_k1"):
+        if merged[name] > num_clusters:
+            raise ValueError(
+                f"DynaSpecGenerationConfig.{name}={merged[name]} exceeds the drafter's {num_clusters} clusters."
+            )
+    if merged["tree_policy"] == "chain":
+        merged["draft_top_k"] = 1
+        merged["num_draft_nodes"] = min(merged["num_draft_nodes"], merged["draft_depth"])
+    return DraftSettings(**merged)

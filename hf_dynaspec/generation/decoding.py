@@ -1,0 +1,203 @@
+"""The decoding loop: prefill, then (draft a tree -> verify it -> accept a path -> update caches) until done.
+
+`speculative_decode` is what `target.generate(..., assistant_model=drafter)` runs (see `hook.py`). It receives
+what transformers prepared (processors, stopping criteria, cache, streamer) and returns transformers' own
+output types, so streamers, stop strings, EOS, `max_new_tokens` and `return_dict_in_generate` behave as in
+plain decoding. Tokens are appended one at a time through the stopping criteria, so generation ends exactly
+where plain decoding would, even inside an accepted path.
+
+    python examples/generate.py --tiny
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, GenerationConfig
+from transformers.generation.logits_process import LogitsProcessorList
+from transformers.generation.stopping_criteria import StoppingCriteriaList
+
+from ..modeling import DynaSpecDrafter
+from .candidates import DynaSpecCandidateGenerator
+from .config import resolve_draft_settings
+from .stats import DynaSpecGenerateOutput, SpeculativeStats
+from .verify import keep_accepted, verify_forward, walk_tree
+
+
+@dataclass
+class _Run:
+    """State of one generate() call."""
+
+    input_ids: torch.LongTensor  # (1, L + 1): committed tokens, the root (last token) not yet in the cache
+    padding: torch.LongTensor  # (1, P) left padding: seen by processors and stopping criteria, not the model
+    cache: DynamicCache
+    generation_config: GenerationConfig
+    logits_processor: LogitsProcessorList
+    stopping_criteria: StoppingCriteriaList
+    streamer: object | None
+    stats: SpeculativeStats
+    keep_scores: bool
+    scores: list[torch.Tensor] = field(default_factory=list)
+    raw_logits: list[torch.Tensor] = field(default_factory=list)
+    finished: bool = False
+
+    def full_ids(self) -> torch.LongTensor:
+        """The sequence as plain generate() sees it, left padding included."""
+        return torch.cat([self.padding, self.input_ids], dim=-1) if self.padding.numel() else self.input_ids
+
+    def emit(self, tokens: list[int], scores: list[torch.Tensor], raw: list[torch.Tensor]) -> int:
+        """Append tokens one by one until a stopping criterion fires; returns how many were kept."""
+        kept = 0
+        for i, token in enumerate(tokens):
+            self.input_ids = torch.cat([self.input_ids, self.input_ids.new_tensor([[token]])], dim=-1)
+            if self.keep_scores:
+                self.scores.append(scores[i])
+                self.raw_logits.append(raw[i])
+            kept += 1
+            step_scores = scores[i] if scores else None
+            if bool(self.stopping_criteria(self.full_ids(), step_scores).all()):
+                self.finished = True
+                break
+        if self.streamer is not None and kept:
+            self.streamer.put(self.input_ids[:, -kept:].cpu())
+        return kept
+
+
+def speculative_decode(
+    target: torch.nn.Module,
+    input_ids: torch.LongTensor,
+    drafter: DynaSpecDrafter,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    streamer: object | None = None,
+    model_kwargs: dict | None = None,
+    candidate_generator: DynaSpecCandidateGenerator | None = None,
+) -> DynaSpecGenerateOutput | torch.LongTensor:
+    """Lossless tree speculative decoding of a batch-1 prompt; see the module docstring."""
+    model_kwargs = model_kwargs or {}
+    check_generation_inputs(input_ids, generation_config)
+    settings = resolve_draft_settings(generation_config, drafter.generation_config, drafter.config.num_clusters)
+    drafter.bind(target)
+    padding, input_ids = strip_left_padding(input_ids, model_kwargs.get("attention_mask"))
+    check_generation_inputs(input_ids, generation_config)
+    stats = SpeculativeStats()
+    generator = candidate_generator or DynaSpecCandidateGenerator(drafter, settings, stats)
+    keep_scores = bool(
+        generation_config.return_dict_in_generate
+        and (generation_config.output_scores or generation_config.output_logits)
+    )
+    cache = model_kwargs.get("cache")
+    run = _Run(
+        input_ids=input_ids,
+        padding=padding,
+        cache=cache if isinstance(cache, DynamicCache) and cache.get_seq_length() == 0 else DynamicCache(),
+        generation_config=generation_config,
+        logits_processor=logits_processor,
+        stopping_criteria=stopping_criteria,
+        streamer=streamer,
+        stats=stats,
+        keep_scores=keep_scores,
+    )
+    with torch.no_grad():
+        prefill(target, generator, run)
+        while not run.finished:
+            speculative_step(target, generator, run)
+    if streamer is not None:
+        streamer.end()
+    return build_output(run)
+
+
+def prefill(target: torch.nn.Module, generator: DynaSpecCandidateGenerator, run: _Run) -> None:
+    """Target over the prompt -> first token (the target's own choice) -> drafter over the prompt."""
+    start = time.perf_counter()
+    prompt = run.input_ids
+    out = target(input_ids=prompt, cache=run.cache, use_cache=True, output_hidden_states=True)
+    raw = out.logits[:, -1].float()  # (1, V)
+    scores = run.logits_processor(run.full_ids(), raw.clone()) if len(run.logits_processor) else raw
+    token = choose_token(scores[0], run.generation_config.do_sample)
+    run.emit([token], [scores], [raw])
+    run.stats.prefill_time += time.perf_counter() - start
+    if run.finished:
+        return
+    hidden = out.hidden_states[-1][0]  # (L, d): h_i predicts x_{i+1}
+    next_tokens = torch.cat([prompt[0, 1:], prompt.new_tensor([token])])  # (L,) x_{i+1}
+    generator.extend(hidden, next_tokens)
+
+
+def speculative_step(target: torch.nn.Module, generator: DynaSpecCandidateGenerator, run: _Run) -> None:
+    """Draft a tree, verify it in one target forward, emit the accepted tokens and update both caches."""
+    past_length = run.input_ids.shape[1] - 1  # the root (last token) is not in the target cache yet
+    remaining = run.generation_config.max_length - run.full_ids().shape[1]
+    generator.get_candidates(run.input_ids, max_depth=max(0, remaining - 1))
+    tree = generator.tree
+    start = time.perf_counter()
+    logits, hidden = verify_forward(target, run.cache, tree, past_length)  # (n, V), (n, d)
+    walk = walk_tree(
+        tree, logits, run.full_ids(), run.logits_processor, run.generation_config.do_sample, run.keep_scores
+    )
+    run.stats.verify_time += time.perf_counter() - start
+    run.stats.accepted_lengths.append(len(walk.new_tokens))
+    run.stats.tree_sizes.append(tree.num_nodes - 1)
+    run.emit(walk.new_tokens, walk.scores, walk.logits)
+    keep_accepted(run.cache, past_length, walk.path)
+    if not run.finished:
+        new_tokens = torch.tensor(walk.new_tokens, device=hidden.device)
+        generator.extend(hidden[walk.path], new_tokens)
+
+
+def choose_token(scores: torch.Tensor, do_sample: bool) -> int:
+    """The target's pick from processed scores (V,): argmax, or a sample of softmax(scores)."""
+    if do_sample:
+        return int(torch.multinomial(torch.softmax(scores.float(), dim=-1), 1))
+    return int(scores.argmax())
+
+
+def check_generation_inputs(input_ids: torch.LongTensor, generation_config: GenerationConfig) -> None:
+    if input_ids.ndim != 2 or input_ids.shape[0] != 1:
+        raise ValueError(
+            f"DynaSpec speculative decoding runs one sequence at a time (batch size 1), got input_ids of shape "
+            f"{tuple(input_ids.shape)}. Call generate() once per prompt, or drop `assistant_model` for batches."
+        )
+    if input_ids.shape[1] == 0:
+        raise ValueError("The prompt is empty: pass at least one token (e.g. the BOS token).")
+    unsupported = [
+        name for name in ("output_attentions", "output_hidden_states") if getattr(generation_config, name, False)
+    ]
+    if unsupported:
+        raise ValueError(
+            f"{unsupported} are not supported with a DynaSpec drafter (tree verification mixes positions); "
+            "use output_scores / output_logits, or generate without `assistant_model`."
+        )
+
+
+def strip_left_padding(
+    input_ids: torch.LongTensor, attention_mask: torch.Tensor | None
+) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """Split (1, L) ids into (left padding, real tokens); padding anywhere else is refused."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return input_ids[:, :0], input_ids
+    mask = attention_mask[0].bool()
+    first = int(mask.nonzero()[0]) if mask.any() else mask.numel()
+    if not bool(mask[first:].all()):
+        raise ValueError(
+            "The attention mask has padding after the first real token; pad on the left "
+            "(tokenizer.padding_side = 'left') or pass the prompt without padding."
+        )
+    return input_ids[:, :first], input_ids[:, first:]
+
+
+def build_output(run: _Run) -> DynaSpecGenerateOutput | torch.LongTensor:
+    sequences = run.full_ids()
+    config = run.generation_config
+    if not config.return_dict_in_generate:
+        return sequences
+    return DynaSpecGenerateOutput(
+        sequences=sequences,
+        scores=tuple(run.scores) if config.output_scores else None,
+        logits=tuple(run.raw_logits) if config.output_logits else None,
+        cache=run.cache,
+        speculative_stats=run.stats,
+    )

@@ -1,0 +1,95 @@
+"""Routes `target.generate(..., assistant_model=<DynaSpecDrafter>)` to DynaSpec's tree decoding.
+
+transformers looks the decoding method up by name on the model's class at every call
+(`GENERATION_MODES_MAPPING[mode]` -> `_assisted_decoding`), and hands it the prepared processors, stopping
+criteria, cache, streamer and assistant. We wrap two methods of `GenerationMixin`, once, idempotently:
+- `_assisted_decoding`: when the assistant is a `DynaSpecDrafter`, run `speculative_decode`; otherwise call
+  transformers' own method unchanged.
+- `_validate_generation_mode`: a DynaSpec drafter with beam search (which transformers would silently ignore)
+  is refused.
+Why not `custom_generate=`? A callable `custom_generate` does not receive `assistant_model` or `streamer`,
+and unknown generate() kwargs are rejected (checked on transformers 5.24); this hook keeps the plain
+`assistant_model=drafter` contract that `pipeline(..., assistant_model=drafter)` also uses.
+
+    python -c "import hf_dynaspec; from transformers import GenerationMixin as G; print(G._assisted_decoding)"
+"""
+
+from __future__ import annotations
+
+import functools
+
+from transformers.generation.utils import GenerationMixin, GenerationMode
+
+_MARK = "__hf_dynaspec_hook__"
+
+
+def _is_drafter(model: object) -> bool:
+    from ..modeling import DynaSpecDrafter
+
+    return isinstance(model, DynaSpecDrafter)
+
+
+def _wrap_assisted_decoding(original):
+    @functools.wraps(original)
+    def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
+        assistant = kwargs.get("assistant_model")
+        if not _is_drafter(assistant):
+            return original(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs)
+        from .decoding import speculative_decode
+
+        model_kwargs = {k: v for k, v in kwargs.items() if k not in _DECODING_KWARGS}
+        if kwargs.get("synced_gpus"):
+            raise ValueError("synced_gpus is not supported with a DynaSpec drafter.")
+        return speculative_decode(
+            self,
+            input_ids,
+            assistant,
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+            generation_config=generation_config,
+            streamer=kwargs.get("streamer"),
+            model_kwargs=model_kwargs,
+        )
+
+    setattr(_assisted_decoding, _MARK, original)
+    return _assisted_decoding
+
+
+def _wrap_validate_generation_mode(original):
+    @functools.wraps(original)
+    def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
+        assistant = generation_mode_kwargs.get("assistant_model")
+        if _is_drafter(assistant):
+            if generation_mode != GenerationMode.ASSISTED_GENERATION:
+                raise ValueError(
+                    f"A DynaSpec drafter works with greedy decoding or sampling (num_beams=1), not with "
+                    f"{generation_mode.value}; set num_beams=1 or drop `assistant_model`."
+                )
+            assistant.check_target(self)
+        return original(self, generation_mode, generation_config, generation_mode_kwargs)
+
+    setattr(_validate_generation_mode, _MARK, original)
+    return _validate_generation_mode
+
+
+_DECODING_KWARGS = ("assistant_model", "streamer", "synced_gpus", "inputs_tensor", "tokenizer", "assistant_tokenizer")
+_WRAPPERS = {
+    "_assisted_decoding": _wrap_assisted_decoding,
+    "_validate_generation_mode": _wrap_validate_generation_mode,
+}
+
+
+def install() -> None:
+    """Install the hooks on `GenerationMixin` (idempotent)."""
+    for name, wrap in _WRAPPERS.items():
+        current = getattr(GenerationMixin, name)
+        if not hasattr(current, _MARK):
+            setattr(GenerationMixin, name, wrap(current))
+
+
+def uninstall() -> None:
+    """Restore transformers' own methods."""
+    for name in _WRAPPERS:
+        current = getattr(GenerationMixin, name)
+        if hasattr(current, _MARK):
+            setattr(GenerationMixin, name, getattr(current, _MARK))

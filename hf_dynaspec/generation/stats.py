@@ -1,0 +1,59 @@
+"""Speculative statistics of one generate() call, returned with `return_dict_in_generate=True`.
+
+    python -c "from hf_dynaspec.generation.stats import SpeculativeStats as S; s = S(); s.accepted_lengths += [3, 1]; print(s.summary())"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+
+@dataclass
+class SpeculativeStats:
+    """accepted_lengths: tokens emitted per target step (accepted drafts + the bonus token);
+    shortlist sizes are counted over every drafted position; times are wall-clock seconds."""
+
+    accepted_lengths: list[int] = field(default_factory=list)
+    shortlist_total: int = 0
+    shortlist_positions: int = 0
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    prefill_time: float = 0.0
+    tree_sizes: list[int] = field(default_factory=list)
+
+    def add_shortlist(self, sizes: torch.Tensor) -> None:
+        self.shortlist_total += int(sizes.sum())
+        self.shortlist_positions += int(sizes.numel())
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.accepted_lengths)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return sum(self.accepted_lengths) / max(1, len(self.accepted_lengths))
+
+    @property
+    def mean_shortlist_size(self) -> float:
+        return self.shortlist_total / max(1, self.shortlist_positions)
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "steps": self.num_steps,
+            "mean_accepted_length": self.mean_accepted_length,
+            "mean_shortlist_size": self.mean_shortlist_size,
+            "mean_tree_size": sum(self.tree_sizes) / max(1, len(self.tree_sizes)),
+            "draft_time_s": self.draft_time,
+            "verify_time_s": self.verify_time,
+            "prefill_time_s": self.prefill_time,
+        }
+
+
+@dataclass
+class DynaSpecGenerateOutput(GenerateDecoderOnlyOutput):
+    """`GenerateDecoderOnlyOutput` plus `speculative_stats` (a `SpeculativeStats`)."""
+
+    speculative_stats: SpeculativeStats | None = None

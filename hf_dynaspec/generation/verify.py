@@ -1,0 +1,141 @@
+"""Exact verification of a draft tree by the target, over the full vocabulary, in one forward pass.
+
+- `verify_forward`: the target runs once over [root, nodes...] on top of its cache with a 4D tree mask (each
+  node sees the committed prefix and its own ancestors) and per-node positions (prefix length + depth).
+- `walk_tree`: from the root, the target picks the next token with the user's logits processors applied to
+  its logits at that node (greedy: argmax; sampling: see `_sample_child`), and the walk follows the child
+  drafting that token. The last pick is the bonus token. So the output is the target's own choice at every
+  position: greedy output equals plain greedy, sampling keeps the target's distribution.
+- `keep_accepted`: the target cache keeps only the root and the accepted path (gather, no recompute).
+
+    python -m pytest tests/test_generate.py -q
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+from transformers.generation.logits_process import LogitsProcessorList
+
+from ..modeling import additive_mask
+from .tree import VerifyTree
+
+
+@dataclass
+class WalkResult:
+    """path: verify-tree indices from the root to the last accepted node; new_tokens: the accepted drafts
+    then the bonus token (len(path) tokens); scores / logits: processed / raw target logits per new token."""
+
+    path: list[int]
+    new_tokens: list[int]
+    scores: list[torch.Tensor] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+
+
+def verify_forward(
+    target: torch.nn.Module, cache: DynamicCache, tree: VerifyTree, past_length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target logits (n, V) fp32 and last hidden states (n, d) at every tree node, root included."""
+    device = target.device
+    n = tree.num_nodes
+    allowed = torch.cat([torch.ones(n, past_length, dtype=torch.bool), tree.ancestor], dim=1)  # (n, past + n)
+    mask = additive_mask(allowed.to(device), target.dtype)  # (1, 1, n, past + n)
+    position_ids = (past_length + tree.depths).to(device)[None]  # (1, n)
+    out = target(
+        input_ids=tree.tokens.to(device)[None],
+        attention_mask=mask,
+        position_ids=position_ids,
+        cache=cache,
+        use_cache=True,
+        output_hidden_states=True,
+    )
+    return out.logits[0].float(), out.hidden_states[-1][0]  # (n, V), (n, d)
+
+
+def walk_tree(
+    tree: VerifyTree,
+    logits: torch.Tensor,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    do_sample: bool,
+    keep_scores: bool = False,
+) -> WalkResult:
+    """Accept the longest root path the target agrees with, plus the target's bonus token.
+
+    logits: (n, V) raw target logits at the tree nodes; input_ids: (1, L + 1) the committed sequence, root last.
+    Logits processors see the exact prefix of each position (committed sequence + accepted path), as in
+    plain decoding; they run only along the walk (at most depth + 1 times).
+    """
+    result = WalkResult(path=[0], new_tokens=[])
+    node = 0
+    while True:
+        path_tokens = tree.tokens[result.path[1:]].to(input_ids.device)
+        prefix = torch.cat([input_ids, path_tokens[None]], dim=-1)  # (1, L + 1 + depth)
+        raw = logits[node : node + 1]  # (1, V)
+        scores = logits_processor(prefix, raw.clone()) if len(logits_processor) else raw
+        if keep_scores:
+            result.scores.append(scores)
+            result.logits.append(raw)
+        children = tree.children[node]
+        child_tokens = [int(tree.tokens[c]) for c in children]
+        if do_sample:
+            token = _sample_child(scores[0], child_tokens)
+        else:
+            token = int(scores[0].argmax())
+        result.new_tokens.append(token)
+        if token not in child_tokens:
+            return result
+        node = children[child_tokens.index(token)]
+        result.path.append(node)
+
+
+def _sample_child(scores: torch.Tensor, child_tokens: list[int]) -> int:
+    """Lossless multi-draft rejection sampling (SpecInfer / Sequoia) for deterministic drafts.
+
+    With target distribution p and children x_1..x_k tried in turn, SpecInfer accepts x_i with probability
+    min(1, r(x_i) / q_i(x_i)) and on rejection sets r <- normalise(max(r - q_i, 0)). Our drafts are chosen
+    deterministically (the drafter's top-k), so q_i = delta(x_i): accept x_i with probability
+    r(x_i) / sum(r), else set r(x_i) = 0; if every child is rejected, sample from r. The result is
+    distributed exactly as p: P(x_1) = p(x_1), P(x_2) = (1 - p(x_1)) * p(x_2) / (1 - p(x_1)) = p(x_2), ...
+    """
+    residual = torch.softmax(scores.float(), dim=-1)  # (V,) unnormalised residual r
+    for token in child_tokens:
+        mass = residual.sum()
+        if float(torch.rand(())) * mass < residual[token]:
+            return token
+        residual[token] = 0.0
+    return int(torch.multinomial(residual, 1))
+
+
+def keep_accepted(cache: DynamicCache, past_length: int, path: list[int]) -> None:
+    """Keep cache entries [0, past_length) and the new entries at `path` (indices into the verified nodes).
+
+    The tail is gathered in place: keys[past + j] <- keys[past + path[j]]; safe because path is increasing
+    and path[j] >= j, so no entry is overwritten before it is read.
+    """
+    index = torch.tensor(path, dtype=torch.long)
+    contiguous = path == list(range(len(path)))
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer:
+            raise ValueError(
+                f"Tree verification needs a DynamicCache of full-attention layers, got {type(layer).__name__}: "
+                "use the default cache (no cache_implementation) with a full-attention target."
+            )
+        end = past_length + len(path)
+        if not contiguous:
+            idx = index.to(layer.keys.device) + past_length
+            layer.keys[:, :, past_length:end] = layer.keys.index_select(2, idx)
+            layer.values[:, :, past_length:end] = layer.values.index_select(2, idx)
+        layer.keys = layer.keys[:, :, :end]
+        layer.values = layer.values[:, :, :end]
+
+
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Drop every entry at or after `length` (explicit slicing: `crop`'s sign convention varies)."""
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is not None and layer.keys.numel():
+            layer.keys = layer.keys[:, :, :length]
+            layer.values = layer.values[:, :, :length]

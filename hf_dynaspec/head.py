@@ -1,0 +1,119 @@
+"""The drafter's shortlisted LM head: logits over a few rows of the target's LM head, never all of them.
+
+Three modes share one interface (`ShortlistHead.logits`):
+- "dynamic": DynaSpec. Each position keeps the tokens of its router's top-k clusters. Rows are read in place
+  from a cluster-sorted copy of the head made once at bind time (one GEMM per contiguous run of selected
+  clusters, `hf_dynaspec.ops.segmented_lm_head`) on CPU, or gathered by the fused Triton kernel on CUDA.
+- "full": the whole vocabulary (the EAGLE baseline).
+- "static": a fixed token set, e.g. the most frequent tokens (the FR-Spec / VocabTrim baseline), rows copied
+  once at bind time.
+The `always_include_ids` (EOS) are always in the shortlist, so the drafter can propose the end of a reply.
+
+    python -m pytest tests/test_drafter.py -q -k head
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .clustering import VocabClusters
+from .ops import gathered_lm_head, segmented_lm_head
+from .router import select_clusters
+
+HEAD_MODES = ("dynamic", "full", "static")
+
+
+@dataclass
+class HeadOutput:
+    """Shortlisted logits of T draft positions.
+
+    token_ids: (S,) vocabulary ids of the columns; logits: (T, S) fp32, -inf where a column is outside that
+    position's own shortlist; shortlist_sizes: (T,) number of finite columns per position.
+    """
+
+    token_ids: torch.Tensor
+    logits: torch.Tensor
+    shortlist_sizes: torch.Tensor
+
+    def full_vocab_logits(self, vocab_size: int) -> torch.Tensor:
+        """Scatter into (T, V) with -inf outside the shortlist (for tests and the sampling verifier)."""
+        out = self.logits.new_full((self.logits.shape[0], vocab_size), float("-inf"))  # (T, V)
+        # An always-included id can own two columns (its cluster's and its extra one); at most one of them
+        # is finite per position, so the max keeps it.
+        index = self.token_ids.expand_as(self.logits)  # (T, S)
+        return out.scatter_reduce_(1, index, self.logits, reduce="amax")
+
+
+class ShortlistHead:
+    """Prepared views of the target's LM head for the three head modes (built by `DynaSpecDrafter.bind`)."""
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        clusters: VocabClusters,
+        always_include_ids: list[int],
+        static_token_ids: torch.Tensor | None,
+    ) -> None:
+        self.weight = weight  # (V, d) the target's LM head, not copied
+        self.clusters = clusters
+        self.device = weight.device
+        self.cluster_of_token = clusters.cluster_of_token.to(self.device)  # (V,)
+        self.permutation = clusters.permutation.to(self.device)  # (V,)
+        # CPU path reads rows in place from a cluster-contiguous copy; CUDA gathers from the original.
+        self.weight_by_cluster = weight.index_select(0, self.permutation) if not weight.is_cuda else None
+        self.extra_ids = torch.tensor(sorted(set(always_include_ids)), dtype=torch.long, device=self.device)
+        self.extra_weight = weight.index_select(0, self.extra_ids)  # (E, d)
+        self.static_ids = None
+        if static_token_ids is not None and static_token_ids.numel() > 0:
+            ids = torch.unique(torch.cat([static_token_ids.to(self.device), self.extra_ids]))
+            self.static_ids = ids  # (S,)
+            self.static_weight = weight.index_select(0, ids)  # (S, d), copied once
+
+    @torch.no_grad()
+    def logits(
+        self, features: torch.Tensor, mode: str, router_logits: torch.Tensor | None = None, k: int | torch.Tensor = 1
+    ) -> HeadOutput:
+        """features: (T, d) drafter outputs -> HeadOutput over the mode's shortlist; k: clusters per position."""
+        if mode == "full":
+            logits = F.linear(features, self.weight).float()  # (T, V)
+            ids = torch.arange(logits.shape[-1], device=self.device)
+            return HeadOutput(ids, logits, torch.full_like(ids[:1], ids.numel()).expand(logits.shape[0]))
+        if mode == "static":
+            if self.static_ids is None:
+                raise ValueError(
+                    "head_mode='static' needs a static shortlist: build the drafter with "
+                    "`static_token_ids=` (e.g. the most frequent tokens) or use head_mode='dynamic'."
+                )
+            logits = F.linear(features, self.static_weight).float()  # (T, S)
+            sizes = torch.full((logits.shape[0],), logits.shape[1], device=self.device)
+            return HeadOutput(self.static_ids, logits, sizes)
+        if mode == "dynamic":
+            if router_logits is None:
+                raise ValueError("head_mode='dynamic' needs router logits.")
+            return self._dynamic(features, select_clusters(router_logits, k))
+        raise ValueError(f"Unknown head_mode {mode!r}: choose one of {HEAD_MODES}.")
+
+    def _dynamic(self, features: torch.Tensor, selected: torch.Tensor) -> HeadOutput:
+        # selected: (T, M) bool. The union U of selected clusters is computed once for all T positions,
+        # then each position masks the clusters it did not choose itself.
+        union = selected.any(dim=0).nonzero().flatten()  # (U,)
+        if features.is_cuda:
+            positions = self.clusters.positions_of(union.cpu()).to(self.device)  # (S,)
+            token_ids = self.permutation[positions]  # (S,)
+            logits = gathered_lm_head(features, self.weight, token_ids).float()  # (T, S)
+        else:
+            starts, ends = self.clusters.segments(union.cpu())
+            logits = segmented_lm_head(features, self.weight_by_cluster, starts, ends).float()  # (T, S)
+            positions = torch.cat([torch.arange(s, e) for s, e in zip(starts, ends)])
+            token_ids = self.permutation[positions.to(self.device)]  # (S,)
+        own = selected[:, self.cluster_of_token[token_ids]]  # (T, S)
+        # Always-included ids (EOS): add a column unless the position's own clusters already hold them.
+        extra_logits = F.linear(features, self.extra_weight).float()  # (T, E)
+        extra_own = ~selected[:, self.cluster_of_token[self.extra_ids]]  # (T, E)
+        logits = torch.cat([logits, extra_logits], dim=-1)  # (T, S + E)
+        own = torch.cat([own, extra_own], dim=-1)
+        logits = logits.masked_fill(~own, float("-inf"))
+        return HeadOutput(torch.cat([token_ids, self.extra_ids]), logits, own.sum(dim=-1))

@@ -1,0 +1,293 @@
+"""DynaSpecDrafter: an EAGLE-style drafter whose LM head only scores a context-dependent shortlist.
+
+One decoder layer of the target's family runs over `x = fc([embed(token); target_hidden_state])`; its output
+(after a norm) plays the role of the target's next hidden state. The drafter borrows the target's input
+embeddings and LM head at run time (`drafter.bind(target)`) and never stores them: its checkpoint holds
+`fc`, the layer, the norm, the router and the vocabulary cluster table (safetensors only).
+
+    python -c "
+    import torch; from transformers import LlamaConfig, LlamaForCausalLM; from hf_dynaspec import DynaSpecDrafter
+    t = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2))
+    d = DynaSpecDrafter.from_target(t, num_clusters=8); print(d)"
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModel, PreTrainedModel
+from transformers.modeling_outputs import ModelOutput
+from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+from .clustering import VocabClusters, cluster_vocabulary
+from .configuration import DynaSpecConfig
+from .generation.config import DynaSpecGenerationConfig, default_drafter_generation_config
+from .head import HeadOutput, ShortlistHead
+from .router import ClusterRouter, run_router_beside
+
+
+@dataclass
+class DrafterOutput(ModelOutput):
+    """One drafting call over T positions.
+
+    hidden_states: (B, T, d) the drafter's features (its estimate of the target's next hidden states);
+    router_logits: (B, T, M); head: shortlisted logits of the T positions (only when B == 1 and a head mode
+    is asked for); full_logits: (T, V) scatter of `head` with -inf outside the shortlist, only when asked.
+    """
+
+    hidden_states: torch.Tensor | None = None
+    router_logits: torch.Tensor | None = None
+    head: HeadOutput | None = None
+    full_logits: torch.Tensor | None = None
+
+
+@dataclass
+class _Binding:
+    target: nn.Module
+    embed_tokens: nn.Module
+    head: ShortlistHead
+
+
+def family_modules(model_type: str) -> tuple[type, type, type]:
+    """(DecoderLayer, RMSNorm, RotaryEmbedding) classes of a transformers model family, e.g. Llama's."""
+    base_name = MODEL_MAPPING_NAMES.get(model_type)
+    if base_name is None:
+        raise ValueError(f"Target model type {model_type!r} is unknown to this transformers version.")
+    prefix = base_name.removesuffix("Model")
+    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    names = (f"{prefix}DecoderLayer", f"{prefix}RMSNorm", f"{prefix}RotaryEmbedding")
+    classes = tuple(getattr(module, name, None) for name in names)
+    if any(cls is None for cls in classes):
+        raise ValueError(
+            f"Target family {model_type!r} is not supported: the drafter needs {names} in "
+            f"{module.__name__}. Supported: Llama-style decoders (llama, mistral, qwen2, qwen3, ...)."
+        )
+    return classes  # type: ignore[return-value]
+
+
+class DynaSpecPreTrainedModel(PreTrainedModel):
+    config_class = DynaSpecConfig
+    base_model_prefix = "dynaspec"
+    _supports_sdpa = True
+    _supports_attention_backend = True
+
+
+class DynaSpecDrafter(DynaSpecPreTrainedModel):
+    """EAGLE-style drafter with a DynaSpec shortlisted head. See the module docstring."""
+
+    def __init__(self, config: DynaSpecConfig) -> None:
+        super().__init__(config)
+        layer_config = config.build_layer_config()
+        layer_cls, norm_cls, rotary_cls = family_modules(config.target_model_type)
+        d = config.hidden_size
+        eps = getattr(layer_config, "rms_norm_eps", 1e-6)
+        self.fc = nn.Linear(2 * d, d, bias=False)
+        self.layer = layer_cls(layer_config, layer_idx=0)
+        self.norm = norm_cls(d, eps=eps)
+        self.rotary_emb = rotary_cls(config=layer_config)
+        self.router = ClusterRouter(d, config.router_hidden_size, config.num_clusters)
+        self.register_buffer("cluster_permutation", torch.arange(config.vocab_size), persistent=True)
+        offsets = contiguous_clusters(config.vocab_size, config.num_clusters).offsets
+        self.register_buffer("cluster_offsets", offsets, persistent=True)
+        self.register_buffer(
+            "static_token_ids", torch.zeros(config.static_shortlist_size, dtype=torch.long), persistent=True
+        )
+        self.generation_config = default_drafter_generation_config(config.shortlist_k0, config.shortlist_k1)
+        self._binding: _Binding | None = None
+        self._clusters_cache: VocabClusters | None = None
+        self.post_init()
+
+    # ----------------------------------------------------------------- construction and binding
+    @classmethod
+    def from_target(
+        cls,
+        target: PreTrainedModel,
+        num_clusters: int = 64,
+        *,
+        seed: int = 0,
+        static_token_ids: torch.Tensor | None = None,
+        cluster_iters: int = 20,
+        **config_kwargs: Any,
+    ) -> DynaSpecDrafter:
+        """A fresh (untrained) drafter for `target`: clusters from its LM head, layer from its family."""
+        if static_token_ids is not None:
+            config_kwargs["static_shortlist_size"] = int(static_token_ids.numel())
+        config_kwargs.setdefault("shortlist_k0", max(1, num_clusters // 8))
+        config_kwargs.setdefault("shortlist_k1", max(1, num_clusters // 16))
+        config = DynaSpecConfig.from_target_config(target.config, num_clusters=num_clusters, **config_kwargs)
+        config._attn_implementation = target.config._attn_implementation
+        drafter = cls(config)
+        weight = target.get_output_embeddings().weight.detach()
+        drafter.set_clusters(cluster_vocabulary(weight, num_clusters, seed=seed, max_iters=cluster_iters))
+        if static_token_ids is not None:
+            drafter.static_token_ids = static_token_ids.detach().to(torch.long).clone()
+        drafter.to(device=weight.device, dtype=weight.dtype)
+        return drafter.bind(target)
+
+    def set_clusters(self, clusters: VocabClusters) -> None:
+        clusters.validate()
+        if clusters.vocab_size != self.config.vocab_size or clusters.num_clusters != self.config.num_clusters:
+            raise ValueError(
+                f"Cluster table has V={clusters.vocab_size}, M={clusters.num_clusters}; the drafter config "
+                f"expects V={self.config.vocab_size}, M={self.config.num_clusters}."
+            )
+        device = self.cluster_permutation.device
+        self.cluster_permutation = clusters.permutation.to(device)
+        self.cluster_offsets = clusters.offsets.to(device)
+        self._clusters_cache = None
+        if self._binding is not None:
+            self.bind(self._binding.target, force=True)
+
+    @property
+    def clusters(self) -> VocabClusters:
+        if self._clusters_cache is None:
+            tensors = {"clusters.permutation": self.cluster_permutation, "clusters.offsets": self.cluster_offsets}
+            self._clusters_cache = VocabClusters.from_tensors({k: v.cpu() for k, v in tensors.items()})
+        return self._clusters_cache
+
+    def check_target(self, target: PreTrainedModel) -> None:
+        """Raise `ValueError` naming both values when `target` is not the model this drafter was built for."""
+        text_config = target.config.get_text_config()
+        head = target.get_output_embeddings()
+        if head is None or not hasattr(head, "weight"):
+            raise ValueError(f"{type(target).__name__} has no LM head: bind the drafter to a *ForCausalLM model.")
+        checks = (
+            ("model family (model_type)", text_config.model_type, self.config.target_model_type),
+            ("vocabulary size", head.weight.shape[0], self.config.vocab_size),
+            ("hidden size", text_config.hidden_size, self.config.hidden_size),
+        )
+        for what, target_value, drafter_value in checks:
+            if target_value != drafter_value:
+                raise ValueError(
+                    f"This drafter was built for a target with {what} {drafter_value!r}, but the target has "
+                    f"{target_value!r}. Use a drafter trained for this target, or build one with "
+                    "`DynaSpecDrafter.from_target(target)` and train it (`hf-dynaspec train`)."
+                )
+
+    def bind(self, target: PreTrainedModel, force: bool = False) -> DynaSpecDrafter:
+        """Borrow `target`'s input embeddings and LM head (no copy of the embeddings; head views are prepared)."""
+        if self._binding is not None and self._binding.target is target and not force:
+            return self
+        self.check_target(target)
+        weight = target.get_output_embeddings().weight.detach()
+        if self.fc.weight.device != weight.device or self.fc.weight.dtype != weight.dtype:
+            self.to(device=weight.device, dtype=weight.dtype)
+        static_ids = self.static_token_ids if self.static_token_ids.numel() else None
+        head = ShortlistHead(weight, self.clusters, self.config.always_include_ids, static_ids)
+        self._binding = _Binding(target, target.get_input_embeddings(), head)
+        return self
+
+    @property
+    def bound_target(self) -> nn.Module | None:
+        return None if self._binding is None else self._binding.target
+
+    @property
+    def bound_head(self) -> ShortlistHead:
+        return self._require_binding().head
+
+    def _require_binding(self) -> _Binding:
+        if self._binding is None:
+            raise RuntimeError("The drafter is not bound to a target: call `drafter.bind(target)` first.")
+        return self._binding
+
+    # ----------------------------------------------------------------- forward
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        hidden_states: torch.Tensor,
+        position_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Any = None,
+        head_mode: str | None = "dynamic",
+        num_clusters: int | None = None,
+        return_full_logits: bool = False,
+    ) -> DrafterOutput:
+        """One drafting call.
+
+        input_ids: (B, T) the token at each position; hidden_states: (B, T, d) the target's (or the drafter's
+        own, deeper in the tree) hidden state of the previous position; attention_mask: 4D float
+        (B, 1, T, cache_len + T) with 0 where attention is allowed, or None for causal attention; cache: a
+        `DynamicCache` for the drafter layer. `head_mode=None` skips the head (training computes its own).
+        """
+        binding = self._require_binding()
+        batch, length = input_ids.shape
+        past = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past, past + length, device=input_ids.device).expand(batch, -1)
+        if attention_mask is None:
+            attention_mask = causal_mask(length, past, hidden_states.dtype, hidden_states.device)
+        embeds = binding.embed_tokens(input_ids).to(hidden_states.dtype)  # (B, T, d)
+        fused = self.fc(torch.cat([embeds, hidden_states], dim=-1))  # (B, T, d)
+        position_embeddings = self.rotary_emb(fused, position_ids)
+        router_logits, layer_out = run_router_beside(
+            self.router,
+            fused,
+            self.layer,
+            fused,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=cache is not None,
+            position_embeddings=position_embeddings,
+        )
+        features = self.norm(layer_out)  # (B, T, d)
+        output = DrafterOutput(hidden_states=features, router_logits=router_logits)
+        if head_mode is not None:
+            if batch != 1:
+                raise ValueError("The shortlisted head runs on one sequence (batch 1) of draft positions.")
+            k = num_clusters if num_clusters is not None else self.config.shortlist_k0
+            output.head = binding.head.logits(features[0], head_mode, router_logits[0], k)
+            if return_full_logits:
+                output.full_logits = output.head.full_vocab_logits(self.config.vocab_size)
+        return output
+
+    def full_vocab_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Dense logits over the whole vocabulary: features (..., d) -> (..., V). For training and tests."""
+        return nn.functional.linear(features, self._require_binding().head.weight)
+
+    # ----------------------------------------------------------------- persistence
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
+        kwargs.pop("safe_serialization", None)  # safetensors only: never pickle
+        super().save_pretrained(save_directory, **kwargs)
+        self.generation_config.save_pretrained(save_directory)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args: Any, **kwargs: Any):
+        kwargs["use_safetensors"] = True
+        hub_kwargs = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in kwargs}
+        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        try:
+            model.generation_config = DynaSpecGenerationConfig.from_pretrained(
+                pretrained_model_name_or_path, **hub_kwargs
+            )
+        except OSError:
+            pass  # no generation_config.json: keep the defaults built in __init__
+        model.clusters.validate()
+        return model
+
+
+def contiguous_clusters(vocab_size: int, num_clusters: int) -> VocabClusters:
+    """Placeholder table before clustering: M contiguous, near-equal id ranges."""
+    assignments = torch.arange(vocab_size) * num_clusters // vocab_size  # (V,)
+    return VocabClusters.from_assignments(assignments, num_clusters)
+
+
+def causal_mask(length: int, past: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """4D additive mask (1, 1, T, past + T): query i sees keys 0..past + i."""
+    allowed = torch.ones(length, past + length, dtype=torch.bool, device=device).tril(diagonal=past)
+    return additive_mask(allowed, dtype)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean (T, K) -> float (1, 1, T, K) with 0 where allowed and the dtype's minimum elsewhere."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+AutoModel.register(DynaSpecConfig, DynaSpecDrafter, exist_ok=True)

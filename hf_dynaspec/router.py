@@ -1,0 +1,68 @@
+"""The DynaSpec router: a 2-layer MLP that scores vocabulary clusters for a draft position.
+
+Its input is the drafter's fused input `x = fc([embed(token); hidden_state])`, which exists before the
+drafter's decoder layer runs, so on CUDA the router runs on a side stream overlapped with that layer.
+The shortlist of a position is the union of its top-k clusters (k from the depth schedule).
+
+    python -c "import torch; from hf_dynaspec.router import ClusterRouter; print(ClusterRouter(64, 32, 16)(torch.randn(3, 64)).shape)"
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ClusterRouter(nn.Module):
+    """score = W2 · relu(W1 · x + b1) + b2, one logit per cluster."""
+
+    def __init__(self, hidden_size: int, router_hidden_size: int, num_clusters: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(hidden_size, router_hidden_size)
+        self.act = nn.ReLU()
+        self.down = nn.Linear(router_hidden_size, num_clusters)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(features)))  # (..., M)
+
+
+def select_clusters(router_logits: torch.Tensor, k: int | torch.Tensor) -> torch.Tensor:
+    """Boolean selection of each position's top-k clusters.
+
+    router_logits: (T, M); k: an int, or (T,) per-position budgets -> (T, M) bool with min(k_t, M) True in row t.
+    """
+    num_clusters = router_logits.shape[-1]
+    k_max = min(int(k.max()) if torch.is_tensor(k) else int(k), num_clusters)
+    top = router_logits.topk(k_max, dim=-1).indices  # (T, k_max), best first
+    keep = torch.ones_like(top, dtype=torch.bool)
+    if torch.is_tensor(k):
+        keep = torch.arange(k_max, device=top.device)[None] < k.to(top.device)[:, None]  # (T, k_max)
+    selected = torch.zeros_like(router_logits, dtype=torch.bool)
+    return selected.scatter_(-1, top, keep)  # (T, M)
+
+
+def run_router_beside(
+    router: nn.Module, features: torch.Tensor, layer_fn, *layer_args, **layer_kwargs
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run `router(features)` and `layer_fn(*layer_args, **layer_kwargs)`; on CUDA the router runs on a side
+    stream so its cost hides behind the decoder layer. Returns (router_logits, layer_output)."""
+    if not features.is_cuda:
+        return router(features), layer_fn(*layer_args, **layer_kwargs)
+    main = torch.cuda.current_stream(features.device)
+    side = _side_stream(features.device)
+    side.wait_stream(main)  # features are ready on the main stream
+    with torch.cuda.stream(side):
+        router_logits = router(features)
+    layer_out = layer_fn(*layer_args, **layer_kwargs)
+    main.wait_stream(side)
+    router_logits.record_stream(main)
+    return router_logits, layer_out
+
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device=device)
+    return _SIDE_STREAMS[device]
