@@ -17,9 +17,11 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoModel, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput
@@ -93,7 +95,10 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         self.rotary_emb = rotary_cls(config=layer_config)
         self.router = ClusterRouter(d, config.router_hidden_size, config.num_clusters)
         self.register_buffer("cluster_permutation", torch.arange(config.vocab_size), persistent=True)
-        offsets = contiguous_clusters(config.vocab_size, config.num_clusters).offsets
+        # placeholder table (M contiguous id ranges) until `set_clusters`; built without reading tensor
+        # values, as from_pretrained constructs the model on the meta device
+        V, M = config.vocab_size, config.num_clusters
+        offsets = torch.tensor([-(-c * V // M) for c in range(M + 1)], dtype=torch.long)  # ceil(c V / M)
         self.register_buffer("cluster_offsets", offsets, persistent=True)
         self.register_buffer(
             "static_token_ids", torch.zeros(config.static_shortlist_size, dtype=torch.long), persistent=True
@@ -260,8 +265,21 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args: Any, **kwargs: Any):
         kwargs["use_safetensors"] = True
+        local = Path(pretrained_model_name_or_path)
+        if local.is_dir() and not (local / "config.json").is_file() and "config" not in kwargs:
+            raise OSError(
+                f"{local / 'config.json'} is missing: {local} is not a saved DynaSpec drafter "
+                "(make one with `drafter.save_pretrained(path)`)."
+            )
         hub_kwargs = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in kwargs}
-        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        try:
+            model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except SafetensorError as err:
+            files = sorted(Path(pretrained_model_name_or_path).glob("*.safetensors")) or ["*.safetensors"]
+            raise OSError(
+                f"Could not read the drafter weights {', '.join(str(f) for f in files)}: {err}. The file is "
+                "truncated or corrupt: download it again or re-save the drafter."
+            ) from err
         try:
             model.generation_config = DynaSpecGenerationConfig.from_pretrained(
                 pretrained_model_name_or_path, **hub_kwargs
@@ -270,12 +288,6 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
             pass  # no generation_config.json: keep the defaults built in __init__
         model.clusters.validate()
         return model
-
-
-def contiguous_clusters(vocab_size: int, num_clusters: int) -> VocabClusters:
-    """Placeholder table before clustering: M contiguous, near-equal id ranges."""
-    assignments = torch.arange(vocab_size) * num_clusters // vocab_size  # (V,)
-    return VocabClusters.from_assignments(assignments, num_clusters)
 
 
 def causal_mask(length: int, past: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

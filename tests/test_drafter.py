@@ -1,0 +1,165 @@
+"""The drafter: persistence, the shortlisted head against a dense head, binding checks."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from helpers import tiny_drafter, tiny_target
+from transformers import AutoConfig, AutoModel
+
+from hf_dynaspec import DynaSpecConfig, DynaSpecDrafter, DynaSpecGenerationConfig, gathered_lm_head
+from hf_dynaspec.modeling import causal_mask
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(eos_token_id=2)
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    return tiny_drafter(target, num_clusters=8)
+
+
+def draft_once(drafter, head_mode="dynamic", num_clusters=2, return_full_logits=False):
+    torch.manual_seed(0)
+    ids = torch.randint(0, drafter.config.vocab_size, (1, 5))
+    hidden = torch.randn(1, 5, drafter.config.hidden_size)
+    with torch.no_grad():
+        return drafter(
+            input_ids=ids, hidden_states=hidden, head_mode=head_mode, num_clusters=num_clusters,
+            return_full_logits=return_full_logits,
+        )
+
+
+def test_public_imports():
+    assert callable(gathered_lm_head)
+    assert DynaSpecConfig.model_type == "dynaspec_drafter"
+    assert AutoConfig.for_model("dynaspec_drafter").__class__ is DynaSpecConfig
+
+
+def test_round_trip_gives_identical_outputs(tmp_path, target, drafter):
+    drafter.generation_config = DynaSpecGenerationConfig(tree_policy="dyspec", num_draft_nodes=9, draft_depth=3)
+    drafter.save_pretrained(tmp_path)
+    files = sorted(os.listdir(tmp_path))
+    assert "config.json" in files and "generation_config.json" in files
+    assert any(f.endswith(".safetensors") for f in files)
+    assert not any(f.endswith((".bin", ".pt", ".pth", ".pkl")) for f in files)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "dynaspec_drafter"
+
+    loaded = DynaSpecDrafter.from_pretrained(tmp_path).eval().bind(target)
+    assert loaded.generation_config.tree_policy == "dyspec" and loaded.generation_config.num_draft_nodes == 9
+    assert torch.equal(loaded.cluster_permutation, drafter.cluster_permutation)
+    for mode in ("dynamic", "full"):
+        a, b = draft_once(drafter, mode), draft_once(loaded, mode)
+        assert torch.equal(a.hidden_states, b.hidden_states)
+        assert torch.equal(a.head.token_ids, b.head.token_ids)
+        assert torch.equal(a.head.logits, b.head.logits)
+    assert isinstance(AutoModel.from_pretrained(tmp_path), DynaSpecDrafter)
+
+
+def test_full_shortlist_equals_dense_head(drafter):
+    out = draft_once(drafter, head_mode="full")
+    dense = drafter.full_vocab_logits(out.hidden_states[0]).float()
+    assert torch.equal(out.head.token_ids, torch.arange(drafter.config.vocab_size))
+    torch.testing.assert_close(out.head.logits, dense, rtol=0, atol=0)
+
+
+def test_all_clusters_dynamic_equals_dense_head(drafter):
+    # Every cluster selected: the union is the whole vocabulary in cluster order.
+    out = draft_once(drafter, head_mode="dynamic", num_clusters=drafter.config.num_clusters, return_full_logits=True)
+    dense = drafter.full_vocab_logits(out.hidden_states[0]).float()
+    # Same products, summed by different GEMM calls (one per cluster run): fp32 rounding only.
+    torch.testing.assert_close(out.full_logits, dense, rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_head_scores_only_the_router_clusters(drafter):
+    k = 2
+    out = draft_once(drafter, head_mode="dynamic", num_clusters=k, return_full_logits=True)
+    dense = drafter.full_vocab_logits(out.hidden_states[0]).float()
+    clusters = drafter.clusters
+    eos = drafter.config.always_include_ids
+    for t in range(out.full_logits.shape[0]):
+        chosen = out.router_logits[0, t].topk(k).indices
+        allowed = set(clusters.tokens(chosen).tolist()) | set(eos)
+        finite = set(torch.isfinite(out.full_logits[t]).nonzero().flatten().tolist())
+        assert finite == allowed
+        assert int(out.head.shortlist_sizes[t]) == len(allowed)
+        idx = torch.tensor(sorted(allowed))
+        torch.testing.assert_close(out.full_logits[t, idx], dense[t, idx], rtol=1e-5, atol=1e-5)
+
+
+def test_eos_always_in_shortlist(drafter):
+    assert drafter.config.always_include_ids == [2]
+    out = draft_once(drafter, head_mode="dynamic", num_clusters=1, return_full_logits=True)
+    assert torch.isfinite(out.full_logits[:, 2]).all()
+
+
+def test_static_head(target):
+    static = torch.tensor([5, 9, 17, 40, 99])
+    drafter = tiny_drafter(target, static_token_ids=static)
+    out = draft_once(drafter, head_mode="static", return_full_logits=True)
+    assert set(out.head.token_ids.tolist()) == {2, 5, 9, 17, 40, 99}
+    assert torch.isfinite(out.full_logits).sum(dim=-1).eq(6).all()
+    with pytest.raises(ValueError, match="static shortlist"):
+        draft_once(tiny_drafter(target), head_mode="static")
+
+
+def test_depth_schedule():
+    config = DynaSpecConfig(vocab_size=100, hidden_size=8, num_clusters=16, shortlist_k0=8, shortlist_k1=2)
+    assert [config.clusters_at_depth(t, 4) for t in range(4)] == [8, 6, 4, 2]
+    assert config.clusters_at_depth(0, 1) == 8
+    config.shortlist_schedule = "exponential"
+    assert [config.clusters_at_depth(t, 3) for t in range(3)] == [8, 4, 2]
+
+
+def test_causal_mask_shape():
+    mask = causal_mask(3, 2, torch.float32, torch.device("cpu"))
+    assert mask.shape == (1, 1, 3, 5)
+    assert (mask[0, 0] == 0).sum() == 3 + 4 + 5
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "what"),
+    [("vocab_size", 96, "vocabulary size"), ("hidden_size", 48, "hidden size")],
+)
+def test_bind_refuses_another_target(drafter, field, value, what):
+    other = tiny_target(**{field: value, **({"num_attention_heads": 4} if field == "hidden_size" else {})})
+    with pytest.raises(ValueError, match=what) as err:
+        drafter.bind(other)
+    assert str(value) in str(err.value)
+
+
+def test_bind_refuses_another_family(drafter):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    other = MistralForCausalLM(MistralConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))
+    with pytest.raises(ValueError, match="'llama'.*'mistral'|'mistral'.*'llama'"):
+        drafter.bind(other)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="num_clusters"):
+        DynaSpecConfig(vocab_size=10, hidden_size=8, num_clusters=11)
+    with pytest.raises(ValueError, match="shortlist_k0"):
+        DynaSpecConfig(vocab_size=100, hidden_size=8, num_clusters=4, shortlist_k0=5)
+    with pytest.raises(ValueError, match="always_include_ids"):
+        DynaSpecConfig(vocab_size=100, hidden_size=8, num_clusters=4, shortlist_k0=2, shortlist_k1=1,
+                       always_include_ids=[100])
+
+
+def test_missing_and_corrupt_checkpoint_files(tmp_path, drafter):
+    drafter.save_pretrained(tmp_path)
+    weights = next(p for p in tmp_path.iterdir() if p.suffix == ".safetensors")
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(Exception, match=weights.name):
+        DynaSpecDrafter.from_pretrained(tmp_path)
+    intact = tmp_path / "intact"
+    drafter.save_pretrained(intact)
+    (intact / "config.json").unlink()
+    with pytest.raises(OSError, match="config.json"):
+        DynaSpecDrafter.from_pretrained(intact)
