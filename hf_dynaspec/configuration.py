@@ -49,6 +49,7 @@ class DynaSpecConfig(PretrainedConfig):
         static_shortlist_size (`int`, *optional*): size of the stored static (frequency-ranked) shortlist
             used by `head_mode="static"`; 0 when the checkpoint carries none.
         target_name_or_path (`str`, *optional*): where the target came from (informational).
+        bos_token_id / eos_token_id / pad_token_id: the target's special tokens (same tokenizer).
     """
 
     model_type = MODEL_TYPE
@@ -67,6 +68,9 @@ class DynaSpecConfig(PretrainedConfig):
         always_include_ids: list[int] | None = None,
         static_shortlist_size: int = 0,
         target_name_or_path: str | None = None,
+        bos_token_id: int | None = None,
+        eos_token_id: int | list[int] | None = None,
+        pad_token_id: int | None = None,
         **kwargs: Any,
     ) -> None:
         self.vocab_size = vocab_size
@@ -81,6 +85,10 @@ class DynaSpecConfig(PretrainedConfig):
         self.always_include_ids = list(always_include_ids or [])
         self.static_shortlist_size = static_shortlist_size
         self.target_name_or_path = target_name_or_path
+        # the target's special tokens: transformers compares them to decide whether tokenizers are shared
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
         kwargs.pop("tie_word_embeddings", None)  # the drafter owns no head: nothing to tie
         super().__init__(tie_word_embeddings=False, **kwargs)
         self.validate_settings()
@@ -154,6 +162,8 @@ class DynaSpecConfig(PretrainedConfig):
         eos_ids = [eos] if isinstance(eos, int) else list(eos)
         kwargs.setdefault("always_include_ids", eos_ids)
         kwargs.setdefault("target_name_or_path", getattr(target_config, "_name_or_path", None) or None)
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            kwargs.setdefault(name, getattr(text_config, name, None))
         return cls(
             vocab_size=text_config.vocab_size,
             hidden_size=text_config.hidden_size,
