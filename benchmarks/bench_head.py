@@ -1,0 +1,161 @@
+"""Micro-benchmark of LM heads restricted to a shortlist of the vocabulary.
+
+For a shortlist holding `fraction` of the V rows it times, in fp32:
+
+- dense:     hidden @ W.T over the whole vocabulary (the baseline; "ideal" = fraction * dense);
+- gathered:  hf_dynaspec.ops.gathered_lm_head with its default backend, on random token ids;
+- segmented: hf_dynaspec.ops.segmented_lm_head on a cluster-sorted layout: V split into M=64
+             equal contiguous clusters, fraction * M random clusters selected (adjacent ones merge);
+- static:    the shortlist rows copied once into a contiguous matrix, then hidden @ W_s.T
+             (the best case a fixed shortlist can reach; the copy is not timed).
+
+Reported: median time (ms), time / ideal, and gathered / static and segmented / static.
+
+    python benchmarks/bench_head.py --shapes smollm            # ~1 min on one CPU core
+    python benchmarks/bench_head.py --shapes all --quick       # llama3 shape needs ~4 GB of RAM
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a source checkout
+
+from hf_dynaspec.ops import gathered_lm_head, resolve_head_backend, segmented_lm_head  # noqa: E402
+
+SHAPES: dict[str, tuple[int, int]] = {"smollm": (49152, 576), "llama3": (128256, 4096)}
+FRACTIONS: tuple[int, ...] = (2, 4, 8, 16)  # shortlist = V / fraction
+POSITIONS: tuple[int, ...] = (1, 8)
+NUM_CLUSTERS = 64
+
+
+@dataclass
+class Row:
+    shape: str
+    n: int
+    fraction: int
+    dense_ms: float
+    gathered_ms: float
+    segmented_ms: float
+    static_ms: float
+
+
+def median_ms(fn: Callable[[], object], repeats: int, warmup: int, device: torch.device) -> float:
+    """Median wall time of ``fn`` in milliseconds, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def random_clusters(vocab: int, fraction: int, gen: torch.Generator) -> tuple[list[int], list[int]]:
+    """Row ranges of ``NUM_CLUSTERS // fraction`` random equal-size clusters, in layout order."""
+    bounds = torch.linspace(0, vocab, NUM_CLUSTERS + 1).round().long().tolist()
+    chosen = torch.randperm(NUM_CLUSTERS, generator=gen)[: NUM_CLUSTERS // fraction].sort().values.tolist()
+    return [bounds[c] for c in chosen], [bounds[c + 1] for c in chosen]
+
+
+def bench_case(
+    shape: str, weight: torch.Tensor, n: int, fraction: int, args: argparse.Namespace, gen: torch.Generator
+) -> Row:
+    vocab, d = weight.shape
+    device = weight.device
+    hidden = torch.randn(n, d, generator=gen).to(device)  # (N, d)
+    ids = torch.randperm(vocab, generator=gen)[: vocab // fraction].to(device)  # (S,)
+    starts, ends = random_clusters(vocab, fraction, gen)
+    static_rows = weight[ids].contiguous()  # (S, d), made once
+
+    torch.testing.assert_close(
+        gathered_lm_head(hidden, weight, ids), hidden @ static_rows.T, rtol=1e-4, atol=1e-3
+    )
+
+    def timed(fn: Callable[[], object]) -> float:
+        return median_ms(fn, args.repeats, args.warmup, device)
+
+    row = Row(
+        shape=shape,
+        n=n,
+        fraction=fraction,
+        dense_ms=timed(lambda: hidden @ weight.T),
+        gathered_ms=timed(lambda: gathered_lm_head(hidden, weight, ids)),
+        segmented_ms=timed(lambda: segmented_lm_head(hidden, weight, starts, ends)),
+        static_ms=timed(lambda: hidden @ static_rows.T),
+    )
+    return row
+
+
+def format_row(row: Row) -> str:
+    ideal = row.dense_ms / row.fraction
+    return (
+        f"{row.shape:<7} {row.n:>2} 1/{row.fraction:<3} {row.dense_ms:>9.3f} {ideal:>8.3f} | "
+        f"{row.gathered_ms:>9.3f} {row.gathered_ms / ideal:>6.2f}x {row.gathered_ms / row.static_ms:>6.2f}x | "
+        f"{row.segmented_ms:>9.3f} {row.segmented_ms / ideal:>6.2f}x {row.segmented_ms / row.static_ms:>6.2f}x | "
+        f"{row.static_ms:>9.3f} {row.static_ms / ideal:>6.2f}x"
+    )
+
+
+HEADER = (
+    f"{'shape':<7} {'N':>2} {'frac':<5} {'dense ms':>9} {'ideal ms':>8} | "
+    f"{'gathered':>9} {'/ideal':>7} {'/static':>7} | "
+    f"{'segmentd':>9} {'/ideal':>7} {'/static':>7} | "
+    f"{'static':>9} {'/ideal':>7}"
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shapes", choices=("smollm", "llama3", "all"), default="smollm")
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="timed calls per case (default 15, quick 5)"
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and warm-up calls")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (0: torch's default)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    args.repeats = args.repeats or (5 if args.quick else 15)
+    args.warmup = 1 if args.quick else 3
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    gen = torch.Generator().manual_seed(args.seed)
+    names = list(SHAPES) if args.shapes == "all" else [args.shapes]
+    print(
+        f"device={device} threads={torch.get_num_threads()} dtype=float32 repeats={args.repeats} "
+        f"gathered backend={resolve_head_backend(device)} clusters={NUM_CLUSTERS}"
+    )
+    print(HEADER)
+    for name in names:
+        vocab, d = SHAPES[name]
+        weight = torch.randn(vocab, d, generator=gen).to(device)  # (V, d), cluster-sorted layout
+        for n in POSITIONS:
+            for fraction in FRACTIONS:
+                print(format_row(bench_case(name, weight, n, fraction, args, gen)), flush=True)
+        del weight
+
+
+if __name__ == "__main__":
+    main()

