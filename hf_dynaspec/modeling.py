@@ -272,6 +272,8 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
                 "(make one with `drafter.save_pretrained(path)`)."
             )
         hub_kwargs = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in kwargs}
+        if "config" not in kwargs:
+            _check_config_model_type(pretrained_model_name_or_path, hub_kwargs)
         try:
             model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         except SafetensorError as err:
@@ -288,6 +290,18 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
             pass  # no generation_config.json: keep the defaults built in __init__
         model.clusters.validate()
         return model
+
+
+def _check_config_model_type(name_or_path: str | os.PathLike, hub_kwargs: dict[str, Any]) -> None:
+    """Refuse a config.json of another model type (e.g. the target's LlamaConfig saved over the drafter's)."""
+    config_dict, _ = DynaSpecConfig.get_config_dict(name_or_path, **hub_kwargs)
+    model_type = config_dict.get("model_type")
+    if model_type is not None and model_type != DynaSpecConfig.model_type:
+        raise ValueError(
+            f"The config.json of {name_or_path} is for model_type {model_type!r}, not a DynaSpec drafter "
+            f"({DynaSpecConfig.model_type!r}): point `from_pretrained` at a directory saved with "
+            "`drafter.save_pretrained(path)`."
+        )
 
 
 def causal_mask(length: int, past: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -1,0 +1,23 @@
+"""The command line on a tiny random target: init, generate, push --dry-run (no network)."""
+
+from __future__ import annotations
+
+import os
+
+from hf_dynaspec.cli import main
+
+
+def test_init_generate_push(tmp_path, capsys):
+    out = tmp_path / "drafter"
+    assert main(["init", "--target", "tiny", "--num-clusters", "8", "--out", str(out)]) == 0
+    assert (out / "config.json").is_file() and any(p.endswith(".safetensors") for p in os.listdir(out))
+    assert main(["generate", "--target", "tiny", "--drafter", str(out), "--prompt", "hello",
+                 "--max-new-tokens", "8", "--tree-policy", "dyspec"]) == 0
+    assert "same as plain greedy: True" in capsys.readouterr().out
+    assert main(["push", str(out), "me/drafter", "--dry-run"]) == 0
+    assert "would upload to me/drafter" in capsys.readouterr().out
+
+
+def test_errors_are_reported_not_raised(tmp_path, capsys):
+    assert main(["push", str(tmp_path), "me/drafter", "--dry-run"]) == 1
+    assert "config.json is missing" in capsys.readouterr().err
