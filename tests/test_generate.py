@@ -187,3 +187,13 @@ def test_other_assistants_still_use_transformers(target):
     assistant = tiny_target(seed=14)
     got = target.generate(ids, do_sample=False, assistant_model=assistant, max_new_tokens=8)
     assert torch.equal(got, greedy(target, ids, max_new_tokens=8))
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_attention_implementations(attn):
+    target = tiny_target(seed=15, attn_implementation=attn)
+    drafter = tiny_drafter(target)
+    ids = prompt(6, seed=16)
+    config = DynaSpecGenerationConfig(tree_policy="dyspec", num_draft_nodes=16, draft_depth=4, max_new_tokens=20)
+    got = target.generate(ids, generation_config=config, assistant_model=drafter)
+    assert torch.equal(got, greedy(target, ids, max_new_tokens=20))

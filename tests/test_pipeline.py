@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import tiny_drafter, tiny_target
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, TextIteratorStreamer, pipeline
+
+from hf_dynaspec.targets import byte_level_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -43,19 +45,8 @@ def test_text_iterator_streamer(tokenizer, models_):
     assert streamed.split() == expected.split()
 
 
-def byte_tokenizer() -> PreTrainedTokenizerFast:
-    """GPT-2-style byte-level BPE without merges: 256 byte tokens + <s>, </s> (stop strings need real
-    token strings)."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {ch: i for i, ch in enumerate(alphabet)} | {"<s>": 256, "</s>": 257}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>")
-
-
 def test_stop_strings_end_generation_where_plain_does():
-    tokenizer = byte_tokenizer()
+    tokenizer = byte_level_tokenizer()
     target = tiny_target(vocab_size=258, seed=3)
     drafter = tiny_drafter(target)
     ids = tokenizer("hello", return_tensors="pt").input_ids
