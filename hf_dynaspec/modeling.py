@@ -135,6 +135,17 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         drafter.to(device=weight.device, dtype=weight.dtype)
         return drafter.bind(target)
 
+    @torch.no_grad()
+    def init_layer_from_target(self, target: PreTrainedModel, layer_index: int = -1) -> DynaSpecDrafter:
+        """Start the drafter layer from one of the target's decoder layers (same family and width): the
+        drafter then begins close to the target's own computation, which speeds up training."""
+        self.check_target(target)
+        layers = getattr(getattr(target, "model", None), "layers", None)
+        if layers is None:
+            raise ValueError(f"{type(target).__name__} has no `model.layers` to copy a decoder layer from.")
+        self.layer.load_state_dict(layers[layer_index].state_dict())
+        return self
+
     def set_clusters(self, clusters: VocabClusters) -> None:
         clusters.validate()
         if clusters.vocab_size != self.config.vocab_size or clusters.num_clusters != self.config.num_clusters:
@@ -177,8 +188,11 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
 
     def bind(self, target: PreTrainedModel, force: bool = False) -> DynaSpecDrafter:
         """Borrow `target`'s input embeddings and LM head (no copy of the embeddings; head views are prepared)."""
-        if self._binding is not None and self._binding.target is target and not force:
-            return self
+        current = self._binding
+        if current is not None and current.target is target and not force:
+            # the same target, unless it was moved or cast since (target.half()): then rebind to its new head
+            if _same_storage(current.head.weight, target.get_output_embeddings().weight):
+                return self
         self.check_target(target)
         weight = target.get_output_embeddings().weight.detach()
         if self.fc.weight.device != weight.device or self.fc.weight.dtype != weight.dtype:
@@ -290,6 +304,10 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
             pass  # no generation_config.json: keep the defaults built in __init__
         model.clusters.validate()
         return model
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.device == b.device and a.shape == b.shape and a.data_ptr() == b.data_ptr()
 
 
 def _check_config_model_type(name_or_path: str | os.PathLike, hub_kwargs: dict[str, Any]) -> None:

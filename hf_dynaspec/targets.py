@@ -79,6 +79,6 @@ def tiny_target_and_tokenizer(seed: int = 0) -> tuple[PreTrainedModel, PreTraine
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=258, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, bos_token_id=256, eos_token_id=257, max_position_embeddings=2048,
+        num_key_value_heads=2, bos_token_id=256, eos_token_id=257, max_position_embeddings=8192,
     )
     return LlamaForCausalLM(config).eval(), byte_level_tokenizer()

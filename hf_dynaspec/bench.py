@@ -1,0 +1,193 @@
+"""Spec-Bench style evaluation: every method on the same prompts, greedy, batch 1, in one process.
+
+For each prompt (chat template applied) and each method it records wall time, new tokens, and for the
+speculative methods the mean accepted length, mean shortlist size, draft / verify time, and whether the
+output equals plain greedy (any mismatch is reported loudly). Results aggregate per category and overall:
+tokens/s, speedup over plain generate (ratio of summed times), mean accepted length (tokens per target step),
+acceptance recovery vs the full-vocabulary head.
+
+    hf-dynaspec bench --target tiny --drafter /tmp/tiny-drafter --limit 2 --max-new-tokens 16
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .generation.config import DynaSpecGenerationConfig
+
+METHODS = {
+    "plain": None,
+    "dynaspec": dict(head_mode="dynamic"),
+    "dynaspec-dyspec": dict(head_mode="dynamic", tree_policy="dyspec"),
+    "full": dict(head_mode="full"),
+    "full-chain": dict(head_mode="full", tree_policy="chain"),
+    "static": dict(head_mode="static"),
+}
+DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "spec_bench" / "question.jsonl"
+
+
+@dataclass
+class Record:
+    method: str
+    category: str
+    question_id: str
+    seconds: float
+    new_tokens: int
+    steps: int = 0
+    accepted_tokens: int = 0
+    shortlist_total: int = 0
+    shortlist_positions: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    matches_plain: bool = True
+
+
+@dataclass
+class Summary:
+    method: str
+    category: str
+    tokens_per_s: float
+    speedup: float
+    mean_accepted_length: float
+    mean_shortlist_size: float
+    draft_share: float
+    verify_share: float
+    mismatches: int
+    prompts: int
+    extra: dict = field(default_factory=dict)
+
+
+def load_bench_prompts(path: str | Path | None = None, limit: int | None = None) -> list[dict]:
+    """Records with `question_id`, `category`, `prompt` from a JSONL file (fields `turns` or `prompt`);
+    `limit` keeps the first N prompts of every category."""
+    path = Path(path) if path else DEFAULT_PROMPTS
+    if not path.is_file():
+        raise OSError(f"{path} not found: pass --prompts FILE.jsonl (fields `turns` or `prompt`).")
+    per_category: dict[str, int] = defaultdict(int)
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if not line.strip():
+            continue
+        raw = json.loads(line)
+        prompt = raw["turns"][0] if "turns" in raw else raw.get("prompt")
+        if not prompt:
+            raise ValueError(f"{path}:{i + 1} has neither `turns` nor `prompt`.")
+        category = raw.get("category", "all")
+        if limit is not None and per_category[category] >= limit:
+            continue
+        per_category[category] += 1
+        rows.append({"question_id": str(raw.get("question_id", i)), "category": category, "prompt": prompt})
+    return rows
+
+
+def encode(tokenizer, prompt: str) -> torch.Tensor:
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+    return tokenizer(prompt, return_tensors="pt").input_ids
+
+
+@torch.no_grad()
+def run_method(target, drafter, method: str, input_ids: torch.Tensor, max_new_tokens: int):
+    """(sequences, seconds, stats or None) of one method on one prompt."""
+    start = time.perf_counter()
+    if METHODS[method] is None:
+        out = target.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False)
+        return out, time.perf_counter() - start, None
+    config = DynaSpecGenerationConfig(**METHODS[method], max_new_tokens=max_new_tokens, do_sample=False,
+                                      return_dict_in_generate=True)
+    out = target.generate(input_ids, generation_config=config, assistant_model=drafter)
+    return out.sequences, time.perf_counter() - start, out.speculative_stats
+
+
+def run_bench(
+    target, tokenizer, drafter, prompts: list[dict], methods: Iterable[str], max_new_tokens: int,
+    warmup: int = 1,
+) -> list[Record]:
+    methods = list(methods)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
+    if "plain" not in methods:
+        methods.insert(0, "plain")
+    for row in prompts[:warmup]:  # warm-up: first calls pay allocation and dispatch costs
+        for method in methods:
+            run_method(target, drafter, method, encode(tokenizer, row["prompt"]), 8)
+    records = []
+    for row in tqdm(prompts, desc="bench", unit="prompt"):
+        input_ids = encode(tokenizer, row["prompt"])
+        plain = None
+        for method in methods:
+            seq, seconds, stats = run_method(target, drafter, method, input_ids, max_new_tokens)
+            plain = seq if method == "plain" else plain
+            rec = Record(method, row["category"], row["question_id"], seconds, seq.shape[1] - input_ids.shape[1])
+            if stats is not None:
+                rec.steps, rec.accepted_tokens = stats.num_steps, sum(stats.accepted_lengths)
+                rec.shortlist_total, rec.shortlist_positions = stats.shortlist_total, stats.shortlist_positions
+                rec.draft_s, rec.verify_s = stats.draft_time, stats.verify_time
+                rec.matches_plain = bool(torch.equal(seq, plain))
+                if not rec.matches_plain:
+                    tqdm.write(f"MISMATCH: {method} differs from plain greedy on {row['question_id']}")
+            records.append(rec)
+    return records
+
+
+def summarize(records: list[Record]) -> list[Summary]:
+    """Per (method, category) and per (method, "overall") summaries."""
+    groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for rec in records:
+        groups[(rec.method, rec.category)].append(rec)
+        groups[(rec.method, "overall")].append(rec)
+    plain_time = {cat: sum(r.seconds for r in recs) for (m, cat), recs in groups.items() if m == "plain"}
+    out = []
+    for (method, category), recs in groups.items():
+        seconds = sum(r.seconds for r in recs)
+        steps = sum(r.steps for r in recs)
+        out.append(Summary(
+            method=method, category=category,
+            tokens_per_s=sum(r.new_tokens for r in recs) / max(seconds, 1e-9),
+            speedup=plain_time.get(category, seconds) / max(seconds, 1e-9),
+            mean_accepted_length=sum(r.accepted_tokens for r in recs) / steps if steps else 1.0,
+            mean_shortlist_size=sum(r.shortlist_total for r in recs) / max(1, sum(r.shortlist_positions for r in recs)),
+            draft_share=sum(r.draft_s for r in recs) / max(seconds, 1e-9),
+            verify_share=sum(r.verify_s for r in recs) / max(seconds, 1e-9),
+            mismatches=sum(not r.matches_plain for r in recs),
+            prompts=len(recs),
+        ))
+    full = {s.category: s.mean_accepted_length for s in out if s.method == "full"}
+    for s in out:
+        if s.category in full and s.method != "plain":
+            s.extra["recovery_vs_full"] = s.mean_accepted_length / full[s.category]
+    return sorted(out, key=lambda s: (s.category != "overall", s.category, s.method))
+
+
+def markdown_table(summaries: list[Summary]) -> str:
+    head = "| category | method | tok/s | speedup | accepted length | recovery vs full | shortlist | draft % | verify % | mismatches |"
+    rows = [head, "|" + "---|" * 10]
+    for s in summaries:
+        recovery = s.extra.get("recovery_vs_full")
+        rows.append(
+            f"| {s.category} | {s.method} | {s.tokens_per_s:.1f} | {s.speedup:.2f}x | {s.mean_accepted_length:.2f} | "
+            f"{'' if recovery is None else f'{recovery:.1%}'} | {s.mean_shortlist_size:.0f} | {s.draft_share:.0%} | "
+            f"{s.verify_share:.0%} | {s.mismatches} |"
+        )
+    return "\n".join(rows)
+
+
+def write_results(records: list[Record], out_dir: str | Path, meta: dict) -> list[Summary]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = summarize(records)
+    payload = {"meta": meta, "summaries": [asdict(s) for s in summaries], "records": [asdict(r) for r in records]}
+    (out / "results.json").write_text(json.dumps(payload, indent=1))
+    (out / "results.md").write_text(markdown_table(summaries) + "\n")
+    return summaries

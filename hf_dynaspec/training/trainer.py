@@ -1,0 +1,335 @@
+"""Training loop for the DynaSpec drafter on self-distilled data (see `data.py`).
+
+Drafter position i consumes (h_i, x_{i+1}); its feature f_i is trained to match h_{i+1} (smooth L1) and,
+through the target's frozen LM head, the target's distribution for x_{i+2} (cross-entropy against the
+softmax, or the argmax, of head(h_{i+1})). The router learns, by BCE, a multi-label target: a cluster is
+positive when it holds one of the top-L tokens of the drafter's own full distribution or the target's next
+token. The LM head is only evaluated on a random subset of the valid positions (memory, time).
+
+Checkpoints in `ckpt_dir`: the drafter (`save_pretrained`, safetensors), the AdamW moments
+(`optimizer.safetensors`) and `trainer_state.json` (step, losses, hyper-parameters); no pickle anywhere.
+
+    python -c "
+    import torch; torch.set_num_threads(1); from hf_dynaspec import DynaSpecDrafter; from hf_dynaspec.targets import load_target
+    from hf_dynaspec.training import generate_dataset, train_drafter
+    t, tok = load_target('tiny'); generate_dataset(t, tok, ['hi', 'hello there'], '/tmp/ds', max_new_tokens=8, batch_size=2)
+    d = DynaSpecDrafter.from_target(t, num_clusters=8)
+    print(train_drafter(d, t, '/tmp/ds', steps=10, lr=1e-3, batch_size=2, seq_len=16, ckpt_dir='/tmp/ck')['eval'])"
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from .data import Conversation, load_dataset
+
+STATE_NAME = "trainer_state.json"
+OPTIMIZER_NAME = "optimizer.safetensors"
+
+
+@dataclass
+class LossWeights:
+    regression: float = 1.0
+    ce: float = 0.5
+    router: float = 0.2
+
+    def total(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.regression * parts["regression"] + self.ce * parts["ce"] + self.router * parts["router"]
+
+
+@dataclass
+class Batch:
+    """B windows of T drafter positions (right-padded; `valid` marks the positions that count)."""
+
+    input_ids: torch.Tensor  # (B, T) x_{i+1}
+    hidden: torch.Tensor  # (B, T, d) h_i
+    target_hidden: torch.Tensor  # (B, T, d) h_{i+1}
+    position_ids: torch.Tensor  # (B, T) i
+    valid: torch.Tensor  # (B, T) bool: x_{i+2} is an answer token
+
+
+# ----------------------------------------------------------------------------------------------- batches
+def split_heldout(convs: list[Conversation], fraction: float, seed: int = 0) -> tuple[list, list]:
+    """(train, heldout) split by conversation; at least one of each when there are two or more."""
+    order = torch.randperm(len(convs), generator=torch.Generator().manual_seed(seed)).tolist()
+    n_held = min(max(1 if len(convs) > 1 and fraction > 0 else 0, round(fraction * len(convs))), len(convs) - 1)
+    return [convs[i] for i in order[n_held:]], [convs[i] for i in order[:n_held]]
+
+
+def window(conv: Conversation, start: int, length: int) -> dict[str, torch.Tensor]:
+    """Drafter positions start .. start + length - 1 of one conversation (fewer at its end)."""
+    n_pos = conv.hidden.shape[0] - 1  # positions with a target h_{i+1}: i = 0 .. L - 3
+    stop = min(start + length, n_pos)
+    return {
+        "input_ids": conv.input_ids[start + 1 : stop + 1],  # (t,)
+        "hidden": conv.hidden[start:stop],  # (t, d)
+        "target_hidden": conv.hidden[start + 1 : stop + 1],  # (t, d)
+        "position_ids": torch.arange(start, stop),  # (t,)
+        "valid": conv.loss_mask[start + 2 : stop + 2],  # (t,)
+    }
+
+
+def sample_batch(convs: list[Conversation], batch_size: int, seq_len: int, generator: torch.Generator) -> Batch:
+    """Random windows biased to cover the answers (a window starts no earlier than it needs to)."""
+    picks = torch.randint(len(convs), (batch_size,), generator=generator).tolist()
+    parts = []
+    for idx in picks:
+        conv = convs[idx]
+        n_pos = conv.hidden.shape[0] - 1
+        lo = max(0, min(conv.prompt_length - 2, n_pos - seq_len))
+        hi = max(lo, n_pos - seq_len)
+        parts.append(window(conv, int(torch.randint(lo, hi + 1, (1,), generator=generator)), seq_len))
+    return collate(parts, seq_len)
+
+
+def collate(parts: list[dict[str, torch.Tensor]], seq_len: int) -> Batch:
+    def pad(key: str, fill: float | int = 0) -> torch.Tensor:
+        rows = []
+        for part in parts:
+            value = part[key]
+            extra = seq_len - value.shape[0]
+            rows.append(torch.cat([value, value.new_full((extra, *value.shape[1:]), fill)]) if extra else value)
+        return torch.stack(rows)
+
+    return Batch(pad("input_ids"), pad("hidden"), pad("target_hidden"), pad("position_ids"), pad("valid", False))
+
+
+# ----------------------------------------------------------------------------------------------- losses
+def drafter_losses(
+    drafter,
+    batch: Batch,
+    head_positions: int,
+    router_top_l: int,
+    soft_targets: bool,
+    generator: torch.Generator,
+) -> dict[str, torch.Tensor]:
+    """Regression, CE and router losses of one batch (0-dim tensors) and the batch's top-1 accuracy."""
+    dtype = drafter.fc.weight.dtype
+    out = drafter(
+        batch.input_ids, batch.hidden.to(dtype), position_ids=batch.position_ids, head_mode=None
+    )
+    valid = batch.valid.nonzero(as_tuple=True)
+    feats = out.hidden_states[valid]  # (n, d)
+    targets = batch.target_hidden.to(dtype)[valid]  # (n, d)
+    regression = F.smooth_l1_loss(feats, targets)
+    sel = torch.randperm(feats.shape[0], generator=generator)[:head_positions]
+    logits = drafter.full_vocab_logits(feats[sel])  # (k, V)
+    with torch.no_grad():
+        target_logits = drafter.full_vocab_logits(targets[sel])  # (k, V)
+        target_token = target_logits.argmax(-1)  # (k,)
+    if soft_targets:
+        ce = -(target_logits.softmax(-1) * logits.log_softmax(-1)).sum(-1).mean()
+    else:
+        ce = F.cross_entropy(logits, target_token)
+    router_logits = out.router_logits[valid][sel]  # (k, M)
+    labels = router_labels(drafter.clusters.cluster_of_token, logits.detach(), target_token, router_top_l)
+    router = F.binary_cross_entropy_with_logits(router_logits, labels)
+    top1 = (logits.argmax(-1) == target_token).float().mean()
+    return {"regression": regression, "ce": ce, "router": router, "top1": top1.detach()}
+
+
+def router_labels(
+    cluster_of_token: torch.Tensor, logits: torch.Tensor, target_token: torch.Tensor, top_l: int
+) -> torch.Tensor:
+    """(k, M) multi-hot: clusters of the drafter's top-L tokens and of the target's next token."""
+    num_clusters = int(cluster_of_token.max()) + 1
+    cluster_of_token = cluster_of_token.to(logits.device)
+    top = logits.topk(min(top_l, logits.shape[-1]), dim=-1).indices  # (k, L)
+    tokens = torch.cat([top, target_token[:, None]], dim=-1)  # (k, L + 1)
+    labels = torch.zeros(logits.shape[0], num_clusters, dtype=logits.dtype, device=logits.device)
+    return labels.scatter_(-1, cluster_of_token[tokens], 1.0)
+
+
+def lr_at(step: int, total: int, base_lr: float, warmup: int, min_ratio: float = 0.1) -> float:
+    """Linear warmup then cosine decay to `min_ratio * base_lr`."""
+    if step < warmup:
+        return base_lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return base_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+# ----------------------------------------------------------------------------------------------- checkpoints
+def save_checkpoint(ckpt_dir: Path, drafter, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Drafter + AdamW moments (safetensors) + state JSON, the JSON last (it marks a complete checkpoint)."""
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    drafter.save_pretrained(ckpt_dir)
+    tensors = {}
+    for idx, param_state in optimizer.state_dict()["state"].items():
+        for key, value in param_state.items():
+            tensors[f"{idx}.{key}"] = torch.as_tensor(value).detach().contiguous().cpu()
+    save_file(tensors, str(ckpt_dir / OPTIMIZER_NAME))
+    tmp = ckpt_dir / (STATE_NAME + ".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    os.replace(tmp, ckpt_dir / STATE_NAME)
+
+
+def load_checkpoint(ckpt_dir: Path, drafter, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+    """Restore drafter parameters and AdamW moments in place; the saved state dict, or None."""
+    if not (ckpt_dir / STATE_NAME).is_file():
+        return None
+    state = json.loads((ckpt_dir / STATE_NAME).read_text())
+    weights = {}
+    for file in sorted(ckpt_dir.glob("model*.safetensors")):
+        weights.update(load_file(str(file)))
+    own = drafter.state_dict()
+    for name in ("cluster_permutation", "cluster_offsets"):
+        if name in weights and not torch.equal(weights[name].to(own[name].device), own[name]):
+            raise ValueError(f"{ckpt_dir} was trained with other vocabulary clusters ({name} differs).")
+    params = dict(drafter.named_parameters())
+    missing = sorted(set(params) - set(weights))
+    if missing:
+        raise ValueError(f"{ckpt_dir} lacks drafter parameters {missing[:5]}: not a checkpoint of this drafter.")
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(weights[name])
+    opt_state = optimizer.state_dict()
+    tensors = load_file(str(ckpt_dir / OPTIMIZER_NAME))
+    restored: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        idx, name = key.split(".", 1)
+        restored.setdefault(int(idx), {})[name] = value
+    opt_state["state"] = restored
+    optimizer.load_state_dict(opt_state)
+    return state
+
+
+@contextmanager
+def frozen(module: torch.nn.Module) -> Iterator[None]:
+    """Turn off gradients of `module` (the target: its embeddings and head are borrowed) for the block."""
+    flags = [(p, p.requires_grad) for p in module.parameters()]
+    module.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for param, flag in flags:
+            param.requires_grad_(flag)
+
+
+# ----------------------------------------------------------------------------------------------- training
+def train_drafter(
+    drafter,
+    target,
+    data_dir: str | os.PathLike,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seq_len: int,
+    ckpt_dir: str | os.PathLike,
+    resume: bool = True,
+    heldout_fraction: float = 0.05,
+    *,
+    warmup: int | None = None,
+    weight_decay: float = 0.0,
+    grad_clip: float = 1.0,
+    weights: LossWeights | None = None,
+    head_positions: int = 256,
+    router_top_l: int = 8,
+    soft_targets: bool = True,
+    ckpt_every: int = 200,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train `drafter` (bound to `target`) for `steps` steps in all (a resumed run continues from the saved
+    step up to `steps`). Returns {"step", "losses" (this call's per-step totals), "start_step",
+    "tokens_per_s", "eval": evaluate_drafter(...) on the held-out conversations}."""
+    weights = weights or LossWeights()
+    warmup = max(1, steps // 20) if warmup is None else warmup
+    drafter.bind(target)
+    usable = [c for c in load_dataset(data_dir) if c.hidden.shape[0] >= 2 and bool(c.loss_mask[2:].any())]
+    train, heldout = split_heldout(usable, heldout_fraction, seed)
+    if not train:
+        raise ValueError(f"{data_dir} holds no training conversations.")
+    ckpt = Path(ckpt_dir)
+    params = list(drafter.parameters())
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
+    saved = load_checkpoint(ckpt, drafter, optimizer) if resume else None
+    start = int(saved["step"]) if saved else 0
+    history: list[float] = []
+    generator = torch.Generator().manual_seed(seed + start)
+    drafter.train()
+    tokens, t0 = 0, time.perf_counter()
+    with frozen(target):
+        bar = tqdm(range(start, steps), desc="train drafter", unit="step", disable=not progress)
+        for step in bar:
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, steps, lr, warmup)
+            batch = sample_batch(train, batch_size, seq_len, generator)
+            parts = drafter_losses(drafter, batch, head_positions, router_top_l, soft_targets, generator)
+            loss = weights.total(parts)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            optimizer.step()
+            history.append(float(loss.detach()))
+            tokens += int(batch.valid.sum())
+            bar.set_postfix(loss=f"{history[-1]:.3f}", top1=f"{float(parts['top1']):.2f}")
+            done = step + 1
+            if done % ckpt_every == 0 or done == steps:
+                save_checkpoint(ckpt, drafter, optimizer, _state(done, lr, batch_size, seq_len, history, start))
+    drafter.eval()
+    elapsed = time.perf_counter() - t0
+    return {
+        "step": max(start, steps),
+        "start_step": start,
+        "losses": history,
+        "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+        "eval": evaluate_drafter(drafter, heldout or train[:1], seq_len),
+    }
+
+
+def _state(step: int, lr: float, batch_size: int, seq_len: int, history: list[float], start: int) -> dict[str, Any]:
+    return {"step": step, "lr": lr, "batch_size": batch_size, "seq_len": seq_len,
+            "last_losses": history[-20:], "started_this_run_at": start}
+
+
+@torch.no_grad()
+def evaluate_drafter(
+    drafter, convs: list[Conversation], seq_len: int = 512, budgets: tuple[int, ...] | None = None,
+    max_positions: int = 4096,
+) -> dict[str, Any]:
+    """Teacher-forced held-out metrics on answer positions: top-1 agreement of the drafter's full head with
+    the target's greedy token, and router recall (target token's cluster among the router's top-k) per k."""
+    num_clusters = drafter.config.num_clusters
+    budgets = budgets or tuple(sorted({k for k in (1, 2, 4, 8, 16, 32, num_clusters) if k <= num_clusters}))
+    cluster_of_token = drafter.clusters.cluster_of_token
+    dtype = drafter.fc.weight.dtype
+    hits, total = 0, 0
+    recall_hits = dict.fromkeys(budgets, 0)
+    for conv in convs:
+        for start in range(0, conv.hidden.shape[0] - 1, seq_len):
+            batch = collate([window(conv, start, seq_len)], seq_len)
+            if not batch.valid.any():
+                continue
+            out = drafter(batch.input_ids, batch.hidden.to(dtype), position_ids=batch.position_ids, head_mode=None)
+            valid = batch.valid.nonzero(as_tuple=True)
+            pred = drafter.full_vocab_logits(out.hidden_states[valid]).argmax(-1)  # (n,)
+            gold = drafter.full_vocab_logits(batch.target_hidden.to(dtype)[valid]).argmax(-1)  # (n,)
+            hits += int((pred == gold).sum())
+            total += int(gold.numel())
+            order = out.router_logits[valid].argsort(-1, descending=True)  # (n, M)
+            rank = (order == cluster_of_token.to(gold.device)[gold][:, None]).float().argmax(-1)  # (n,)
+            for k in budgets:
+                recall_hits[k] += int((rank < k).sum())
+            if total >= max_positions:
+                break
+        if total >= max_positions:
+            break
+    denom = max(total, 1)
+    return {
+        "positions": total,
+        "top1": hits / denom,
+        "router_recall": {k: recall_hits[k] / denom for k in budgets},
+    }
