@@ -25,6 +25,14 @@ from .generation.config import HEAD_MODES, TREE_POLICIES, DynaSpecGenerationConf
 from .modeling import DynaSpecDrafter
 from .targets import load_target
 
+SHIPPED_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-instruct"
+DEMO_PROMPTS = (
+    "What is the capital of France? Answer in one sentence.",
+    "Write a Python function that checks whether a number is prime.",
+    "A shop sells pens at 3 dollars each. How much do 7 pens cost? Explain briefly.",
+    "Translate German to English: Ich habe heute keine Zeit, aber morgen komme ich gern.",
+)
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
@@ -68,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--private", action="store_true")
     push.add_argument("--dry-run", action="store_true", help="check the folder and list files, upload nothing")
     push.set_defaults(func=cmd_push)
+
+    demo = sub.add_parser("demo", help="SmolLM2 + the shipped drafter, offline: plain greedy vs DynaSpec")
+    _add_target(demo)
+    demo.add_argument("--drafter", default=None, help=f"default: {SHIPPED_DRAFTER}")
+    demo.add_argument("--max-new-tokens", type=int, default=96)
+    demo.add_argument("--prompt", action="append", default=None, help="replace the demo prompts")
+    demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="every method side by side on Spec-Bench (or --prompts FILE.jsonl)")
     _add_target(bench)
@@ -135,6 +150,38 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    drafter_path = Path(args.drafter) if args.drafter else SHIPPED_DRAFTER
+    if args.drafter is None and not (drafter_path / "config.json").is_file():
+        raise OSError(f"the shipped drafter is missing at {drafter_path}: pass --drafter PATH_OR_HUB_ID")
+    target, tokenizer = load_target(args.target, prefer_gguf=not args.no_gguf)
+    drafter = DynaSpecDrafter.from_pretrained(drafter_path).bind(target).eval()
+    config = DynaSpecGenerationConfig(max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
+    return compare(target, tokenizer, drafter, args.prompt or DEMO_PROMPTS, config, chat=True)
+
+
+def compare(target, tokenizer, drafter, prompts: Sequence[str], config: DynaSpecGenerationConfig, chat: bool) -> int:
+    """Plain greedy vs DynaSpec on each prompt: print both texts' agreement and a table; 1 on any mismatch."""
+    rows = []
+    for prompt in prompts:
+        input_ids = encode_prompt(tokenizer, prompt, chat=chat)
+        target.generate(input_ids, max_new_tokens=2, do_sample=False)  # warm-up
+        plain, plain_s = timed(target.generate, input_ids, max_new_tokens=config.max_new_tokens, do_sample=False)
+        out, spec_s = timed(target.generate, input_ids, generation_config=config, assistant_model=drafter)
+        new = out.sequences.shape[1] - input_ids.shape[1]
+        stats = out.speculative_stats
+        text = tokenizer.decode(out.sequences[0, input_ids.shape[1]:], skip_special_tokens=True)
+        print(f"\n>>> {prompt}\n{text.strip()}")
+        rows.append((prompt[:40], torch.equal(plain, out.sequences), new / plain_s, new / spec_s, plain_s / spec_s,
+                     stats.mean_accepted_length, stats.mean_shortlist_size))
+    vocab = drafter.config.vocab_size
+    print("\n| prompt | same as plain greedy | plain tok/s | DynaSpec tok/s | speedup | accepted length | shortlist |")
+    print("|---|---|---|---|---|---|---|")
+    for p, same, a, b, speedup, tau, sl in rows:
+        print(f"| {p} | {same} | {a:.1f} | {b:.1f} | {speedup:.2f}x | {tau:.2f} | {sl:.0f} ({sl / vocab:.1%}) |")
+    return 0 if all(r[1] for r in rows) else 1
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
@@ -197,19 +244,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     config = DynaSpecGenerationConfig(
         **fields, max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True
     )
-    for prompt in args.prompt:
-        input_ids = encode_prompt(tokenizer, prompt, chat=not args.no_chat_template)
-        plain, plain_s = timed(lambda ids=input_ids: target.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False))
-        out, spec_s = timed(lambda ids=input_ids: target.generate(ids, generation_config=config, assistant_model=drafter))
-        new = out.sequences.shape[1] - input_ids.shape[1]
-        stats = out.speculative_stats
-        print(f"\n>>> {prompt}\n{tokenizer.decode(out.sequences[0, input_ids.shape[1]:], skip_special_tokens=True)}")
-        print(
-            f"same as plain greedy: {torch.equal(plain, out.sequences)} | plain {new / plain_s:.1f} tok/s | "
-            f"dynaspec {new / spec_s:.1f} tok/s | speedup {plain_s / spec_s:.2f}x | mean accepted length "
-            f"{stats.mean_accepted_length:.2f} | mean shortlist {stats.mean_shortlist_size:.0f} tokens"
-        )
-    return 0
+    return compare(target, tokenizer, drafter, args.prompt, config, chat=not args.no_chat_template)
 
 
 def cmd_push(args: argparse.Namespace) -> int:
@@ -239,9 +274,10 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> torch.Tensor:
     return tokenizer(prompt, return_tensors="pt").input_ids
 
 
-def timed(fn):
+def timed(fn, *args, **kwargs):
+    """(fn(*args, **kwargs), seconds)."""
     start = time.perf_counter()
-    result = fn()
+    result = fn(*args, **kwargs)
     return result, time.perf_counter() - start
 
 

@@ -13,7 +13,7 @@ def test_init_generate_push(tmp_path, capsys):
     assert (out / "config.json").is_file() and any(p.endswith(".safetensors") for p in os.listdir(out))
     assert main(["generate", "--target", "tiny", "--drafter", str(out), "--prompt", "hello",
                  "--max-new-tokens", "8", "--tree-policy", "dyspec"]) == 0
-    assert "same as plain greedy: True" in capsys.readouterr().out
+    assert "| True |" in capsys.readouterr().out
     assert main(["push", str(out), "me/drafter", "--dry-run"]) == 0
     assert "would upload to me/drafter" in capsys.readouterr().out
 
