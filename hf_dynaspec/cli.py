@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     bench.set_defaults(func=cmd_bench)
 
+    static = sub.add_parser("static", help="store a frequency-ranked static shortlist in a drafter (baseline)")
+    static.add_argument("--drafter", required=True, help="drafter folder (updated in place)")
+    static.add_argument("--data", required=True, help="dataset folder made by `distill` (answers are counted)")
+    static.add_argument("--size", type=int, required=True, help="number of tokens to keep")
+    static.set_defaults(func=cmd_static)
+
     distill = sub.add_parser("distill", help="answer prompts with the target and keep its features (training data)")
     _add_target(distill)
     distill.add_argument("--prompts", action="append", required=True, help="JSON/JSONL file; may be repeated")
@@ -199,6 +205,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if mismatches:
         print(f"WARNING: {mismatches} outputs differ from plain greedy", file=sys.stderr)
     return 1 if mismatches else 0
+
+
+def cmd_static(args: argparse.Namespace) -> int:
+    from .training import frequent_tokens
+
+    drafter = DynaSpecDrafter.from_pretrained(args.drafter)
+    drafter.set_static_shortlist(frequent_tokens(args.data, args.size, drafter.config.vocab_size))
+    drafter.save_pretrained(args.drafter)
+    print(f"{args.drafter}: static shortlist of the {drafter.config.static_shortlist_size} most frequent answer tokens")
+    return 0
 
 
 def cmd_distill(args: argparse.Namespace) -> int:

@@ -146,6 +146,16 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         self.layer.load_state_dict(layers[layer_index].state_dict())
         return self
 
+    def set_static_shortlist(self, token_ids: torch.Tensor) -> None:
+        """Store the fixed token set of `head_mode="static"` (e.g. the most frequent tokens) in the drafter."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().unique()
+        if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < self.config.vocab_size:
+            raise ValueError(f"static shortlist ids must lie in [0, {self.config.vocab_size}).")
+        self.config.static_shortlist_size = int(ids.numel())
+        self.static_token_ids = ids.to(self.cluster_permutation.device)
+        if self._binding is not None:
+            self.bind(self._binding.target, force=True)
+
     def set_clusters(self, clusters: VocabClusters) -> None:
         clusters.validate()
         if clusters.vocab_size != self.config.vocab_size or clusters.num_clusters != self.config.num_clusters:

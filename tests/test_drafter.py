@@ -163,3 +163,15 @@ def test_missing_and_corrupt_checkpoint_files(tmp_path, drafter):
     (intact / "config.json").unlink()
     with pytest.raises(OSError, match="config.json"):
         DynaSpecDrafter.from_pretrained(intact)
+
+
+def test_set_static_shortlist_round_trip(tmp_path, target):
+    drafter = tiny_drafter(target)
+    drafter.set_static_shortlist(torch.tensor([7, 3, 3, 50]))
+    out = draft_once(drafter, head_mode="static")
+    assert set(out.head.token_ids.tolist()) == {2, 3, 7, 50}
+    drafter.save_pretrained(tmp_path)
+    loaded = DynaSpecDrafter.from_pretrained(tmp_path).bind(target)
+    assert loaded.static_token_ids.tolist() == [3, 7, 50]
+    with pytest.raises(ValueError, match="static shortlist ids"):
+        drafter.set_static_shortlist(torch.tensor([999]))

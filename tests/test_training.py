@@ -119,3 +119,16 @@ def test_cli_distill_and_train(tmp_path, capsys):
     assert main(["distill", "--target", "tiny", "--prompts", str(tmp_path / "spec_bench.jsonl"),
                  "--out", str(data)]) == 1
     assert "Spec-Bench" in capsys.readouterr().err
+
+
+def test_frequent_tokens_counts_answers_only(tiny, dataset):
+    from hf_dynaspec.training import frequent_tokens, load_dataset
+
+    target, _ = tiny
+    vocab = target.config.vocab_size
+    top = frequent_tokens(dataset, 5, vocab)
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for conv in load_dataset(dataset):
+        counts += torch.bincount(conv.input_ids[conv.loss_mask], minlength=vocab)
+    assert top.numel() == 5 and bool((top[1:] > top[:-1]).all())  # sorted, distinct
+    assert counts[top].min() >= counts.sort(descending=True).values[4]

@@ -9,7 +9,7 @@
     print(train_drafter(d, t, '/tmp/ds', steps=10, lr=1e-3, batch_size=2, seq_len=16, ckpt_dir='/tmp/ck')['eval'])"
 """
 
-from .data import generate_dataset, load_dataset, load_prompts
+from .data import frequent_tokens, generate_dataset, load_dataset, load_prompts
 from .trainer import evaluate_drafter, train_drafter
 
-__all__ = ["evaluate_drafter", "generate_dataset", "load_dataset", "load_prompts", "train_drafter"]
+__all__ = ["evaluate_drafter", "frequent_tokens", "generate_dataset", "load_dataset", "load_prompts", "train_drafter"]

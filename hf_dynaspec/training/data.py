@@ -312,3 +312,13 @@ def load_dataset(data_dir: str | os.PathLike) -> list[Conversation]:
                 tensors["hidden"][lo - c : hi - c - 1],
             ))
     return convs
+
+
+def frequent_tokens(data_dir: str | os.PathLike, size: int, vocab_size: int) -> torch.Tensor:
+    """The `size` most frequent answer tokens of a dataset (the FR-Spec / VocabTrim static shortlist),
+    counted on the target's own answers; ties broken by lower token id."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)  # (V,)
+    for conv in load_dataset(data_dir):
+        counts += torch.bincount(conv.input_ids[conv.loss_mask], minlength=vocab_size)[:vocab_size]
+    order = torch.argsort(counts, descending=True, stable=True)  # (V,)
+    return order[:size].sort().values
