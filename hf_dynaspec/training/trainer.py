@@ -83,15 +83,18 @@ def window(conv: Conversation, start: int, length: int) -> dict[str, torch.Tenso
 
 
 def sample_batch(convs: list[Conversation], batch_size: int, seq_len: int, generator: torch.Generator) -> Batch:
-    """Random windows biased to cover the answers (a window starts no earlier than it needs to)."""
+    """Random conversations, each as its last `seq_len` positions: the whole answer (where the loss is) with as
+    much of the prompt before it as fits, so the drafter attends to context as it does when decoding."""
     picks = torch.randint(len(convs), (batch_size,), generator=generator).tolist()
     parts = []
     for idx in picks:
         conv = convs[idx]
         n_pos = conv.hidden.shape[0] - 1
-        lo = max(0, min(conv.prompt_length - 2, n_pos - seq_len))
-        hi = max(lo, n_pos - seq_len)
-        parts.append(window(conv, int(torch.randint(lo, hi + 1, (1,), generator=generator)), seq_len))
+        latest = max(0, n_pos - seq_len)
+        # answers longer than the window: a random window inside the answer
+        lo = min(latest, max(0, conv.prompt_length - 2))
+        start = latest if lo >= latest else int(torch.randint(lo, latest + 1, (1,), generator=generator))
+        parts.append(window(conv, start, seq_len))
     return collate(parts, seq_len)
 
 
