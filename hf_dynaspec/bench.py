@@ -23,8 +23,14 @@ from tqdm.auto import tqdm
 
 from .generation.config import DynaSpecGenerationConfig
 
+# transformers' own speculative options that need no extra model: plain generate() keyword arguments
+HF_METHODS = {
+    "prompt-lookup": dict(prompt_lookup_num_tokens=10),
+    "early-exit": dict(assistant_early_exit=None),  # filled in: 1/6 of the target's layers
+}
 METHODS = {
     "plain": None,
+    **{name: None for name in HF_METHODS},
     "dynaspec": dict(head_mode="dynamic"),
     "dynaspec-dyspec": dict(head_mode="dynamic", tree_policy="dyspec"),
     "full": dict(head_mode="full"),
@@ -101,7 +107,10 @@ def run_method(target, drafter, method: str, input_ids: torch.Tensor, max_new_to
     """(sequences, seconds, stats or None) of one method on one prompt."""
     start = time.perf_counter()
     if METHODS[method] is None:
-        out = target.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False)
+        extra = dict(HF_METHODS.get(method, {}))
+        if "assistant_early_exit" in extra:
+            extra["assistant_early_exit"] = max(1, target.config.get_text_config().num_hidden_layers // 6)
+        out = target.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False, **extra)
         return out, time.perf_counter() - start, None
     config = DynaSpecGenerationConfig(**METHODS[method], max_new_tokens=max_new_tokens, do_sample=False,
                                       return_dict_in_generate=True)
@@ -130,6 +139,8 @@ def run_bench(
             seq, seconds, stats = run_method(target, drafter, method, input_ids, max_new_tokens)
             plain = seq if method == "plain" else plain
             rec = Record(method, row["category"], row["question_id"], seconds, seq.shape[1] - input_ids.shape[1])
+            if method != "plain" and stats is None:
+                rec.matches_plain = bool(torch.equal(seq, plain))
             if stats is not None:
                 rec.steps, rec.accepted_tokens = stats.num_steps, sum(stats.accepted_lengths)
                 rec.shortlist_total, rec.shortlist_positions = stats.shortlist_total, stats.shortlist_positions
@@ -191,3 +202,47 @@ def write_results(records: list[Record], out_dir: str | Path, meta: dict) -> lis
     (out / "results.json").write_text(json.dumps(payload, indent=1))
     (out / "results.md").write_text(markdown_table(summaries) + "\n")
     return summaries
+
+
+def plot_results(summaries: list[Summary], out_dir: str | Path) -> list[Path]:
+    """speedup.png and accepted_length.png per category and method; shortlist_vs_acceptance.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    categories = sorted({s.category for s in summaries}, key=lambda c: (c == "overall", c))
+    methods = [m for m in METHODS if any(s.method == m for s in summaries)]
+    by_key = {(s.method, s.category): s for s in summaries}
+    paths = []
+    for field_name, label in (("speedup", "speedup over plain generate()"), ("mean_accepted_length", "tokens per target step")):
+        fig, ax = plt.subplots(figsize=(max(8, len(categories) * 0.9), 4))
+        width = 0.8 / max(1, len(methods))
+        for i, method in enumerate(methods):
+            values = [getattr(by_key[(method, c)], field_name) if (method, c) in by_key else 0 for c in categories]
+            ax.bar([x + i * width for x in range(len(categories))], values, width, label=method)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(categories))], categories, rotation=45, ha="right")
+        ax.set_ylabel(label)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"{'speedup' if field_name == 'speedup' else 'accepted_length'}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for s in summaries:
+        if s.category != "overall" and s.mean_shortlist_size > 0:
+            ax.scatter(s.mean_shortlist_size, s.mean_accepted_length, label=s.method, s=12)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel("mean shortlist size (tokens)")
+    ax.set_ylabel("mean accepted length")
+    fig.tight_layout()
+    path = out / "shortlist_vs_acceptance.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return paths + [path]

@@ -200,6 +200,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     meta = {"target": args.target, "drafter": args.drafter, "max_new_tokens": args.max_new_tokens,
             "threads": torch.get_num_threads(), "prompts": len(prompts)}
     summaries = bench.write_results(records, args.out, meta)
+    bench.plot_results(summaries, args.out)
     print(bench.markdown_table(summaries))
     mismatches = sum(s.mismatches for s in summaries if s.category == "overall")
     if mismatches:

@@ -30,11 +30,12 @@ def test_bench_on_a_tiny_target(tmp_path, capsys):
     assert main(["init", "--target", "tiny", "--num-clusters", "8", "--out", str(drafter)]) == 0
     out = tmp_path / "bench"
     code = main(["bench", "--target", "tiny", "--drafter", str(drafter), "--limit", "2", "--max-new-tokens", "8",
-                 "--methods", "plain,dynaspec,full,dynaspec-dyspec", "--out", str(out)])
+                 "--methods", "plain,dynaspec,full,dynaspec-dyspec,prompt-lookup", "--out", str(out)])
     assert code == 0
     results = json.loads((out / "results.json").read_text())
     overall = {s["method"]: s for s in results["summaries"] if s["category"] == "overall"}
-    assert set(overall) == {"plain", "dynaspec", "full", "dynaspec-dyspec"}
+    assert set(overall) == {"plain", "dynaspec", "full", "dynaspec-dyspec", "prompt-lookup"}
     assert all(s["mismatches"] == 0 for s in overall.values())
-    assert len(results["records"]) == 4 * 2 * 13  # methods x prompts per category x categories
+    assert len(results["records"]) == 5 * 2 * 13  # methods x prompts per category x categories
     assert "| overall | dynaspec |" in (out / "results.md").read_text()
+    assert (out / "speedup.png").is_file() and (out / "shortlist_vs_acceptance.png").is_file()
