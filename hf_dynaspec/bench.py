@@ -12,6 +12,7 @@ acceptance recovery vs the full-vocabulary head.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -102,17 +103,41 @@ def encode(tokenizer, prompt: str) -> torch.Tensor:
     return tokenizer(prompt, return_tensors="pt").input_ids
 
 
+def parse_methods(text: str) -> list[str]:
+    """Split "plain,dynaspec[num_draft_nodes=8,draft_depth=4],full" on the commas outside brackets."""
+    return [m.strip() for m in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", text) if m.strip()]
+
+
+def method_settings(method: str) -> dict | None:
+    """Speculative settings of a method name; "dynaspec[num_draft_nodes=8,draft_depth=4]" varies a base
+    method's settings (integers or names), for tuning trees on the same prompts."""
+    base, _, params = method.partition("[")
+    if base not in METHODS:
+        raise ValueError(f"unknown method {base!r}; choose from {list(METHODS)}")
+    settings = METHODS[base]
+    if not params:
+        return settings
+    if settings is None:
+        raise ValueError(f"{base!r} takes no speculative settings")
+    extra = {}
+    for item in params.rstrip("]").split(","):
+        key, _, value = item.partition("=")
+        extra[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
+    return {**settings, **extra}
+
+
 @torch.no_grad()
 def run_method(target, drafter, method: str, input_ids: torch.Tensor, max_new_tokens: int):
     """(sequences, seconds, stats or None) of one method on one prompt."""
+    settings = method_settings(method)
     start = time.perf_counter()
-    if METHODS[method] is None:
+    if settings is None:
         extra = dict(HF_METHODS.get(method, {}))
         if "assistant_early_exit" in extra:
             extra["assistant_early_exit"] = max(1, target.config.get_text_config().num_hidden_layers // 6)
         out = target.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False, **extra)
         return out, time.perf_counter() - start, None
-    config = DynaSpecGenerationConfig(**METHODS[method], max_new_tokens=max_new_tokens, do_sample=False,
+    config = DynaSpecGenerationConfig(**settings, max_new_tokens=max_new_tokens, do_sample=False,
                                       return_dict_in_generate=True)
     out = target.generate(input_ids, generation_config=config, assistant_model=drafter)
     return out.sequences, time.perf_counter() - start, out.speculative_stats
@@ -123,9 +148,8 @@ def run_bench(
     warmup: int = 1,
 ) -> list[Record]:
     methods = list(methods)
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
+    for method in methods:
+        method_settings(method)  # fail fast on a bad name
     if "plain" not in methods:
         methods.insert(0, "plain")
     for row in prompts[:warmup]:  # warm-up: first calls pay allocation and dispatch costs
@@ -213,7 +237,7 @@ def plot_results(summaries: list[Summary], out_dir: str | Path) -> list[Path]:
 
     out = Path(out_dir)
     categories = sorted({s.category for s in summaries}, key=lambda c: (c == "overall", c))
-    methods = [m for m in METHODS if any(s.method == m for s in summaries)]
+    methods = list(dict.fromkeys(s.method for s in summaries))
     by_key = {(s.method, s.category): s for s in summaries}
     paths = []
     for field_name, label in (("speedup", "speedup over plain generate()"), ("mean_accepted_length", "tokens per target step")):

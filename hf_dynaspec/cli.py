@@ -196,7 +196,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     prompts = bench.load_bench_prompts(args.prompts, args.limit)
     target, tokenizer = load_target(args.target, prefer_gguf=not args.no_gguf)
     drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target).eval()
-    records = bench.run_bench(target, tokenizer, drafter, prompts, args.methods.split(","), args.max_new_tokens)
+    records = bench.run_bench(target, tokenizer, drafter, prompts, bench.parse_methods(args.methods), args.max_new_tokens)
     meta = {"target": args.target, "drafter": args.drafter, "max_new_tokens": args.max_new_tokens,
             "threads": torch.get_num_threads(), "prompts": len(prompts)}
     summaries = bench.write_results(records, args.out, meta)

@@ -39,3 +39,11 @@ def test_bench_on_a_tiny_target(tmp_path, capsys):
     assert len(results["records"]) == 5 * 2 * 13  # methods x prompts per category x categories
     assert "| overall | dynaspec |" in (out / "results.md").read_text()
     assert (out / "speedup.png").is_file() and (out / "shortlist_vs_acceptance.png").is_file()
+
+
+def test_method_variants_parse():
+    from hf_dynaspec.bench import method_settings, parse_methods
+
+    methods = parse_methods("plain,dynaspec[num_draft_nodes=8,tree_policy=dyspec],full")
+    assert methods == ["plain", "dynaspec[num_draft_nodes=8,tree_policy=dyspec]", "full"]
+    assert method_settings(methods[1]) == {"head_mode": "dynamic", "num_draft_nodes": 8, "tree_policy": "dyspec"}
