@@ -3,7 +3,8 @@
 For a shortlist holding `fraction` of the V rows it times, in fp32:
 
 - dense:     hidden @ W.T over the whole vocabulary (the baseline; "ideal" = fraction * dense);
-- gathered:  hf_dynaspec.ops.gathered_lm_head with its default backend, on random token ids;
+- gathered:  hf_dynaspec.ops.gathered_lm_head with its default backend (Triton on CUDA), on random ids;
+- idx+mm:    index_select of the shortlist rows on every call, then matmul (the naive path);
 - segmented: hf_dynaspec.ops.segmented_lm_head on a cluster-sorted layout: V split into M=64
              equal contiguous clusters, fraction * M random clusters selected (adjacent ones merge);
 - static:    the shortlist rows copied once into a contiguous matrix, then hidden @ W_s.T
@@ -13,6 +14,7 @@ Reported: median time (ms), time / ideal, and gathered / static and segmented / 
 
     python benchmarks/bench_head.py --shapes smollm            # ~1 min on one CPU core
     python benchmarks/bench_head.py --shapes all --quick       # llama3 shape needs ~4 GB of RAM
+    python benchmarks/bench_head.py --shapes all --device cuda --dtype bfloat16 --positions 1 8 32 64  # GPU, < 3 min
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Row:
     fraction: int
     dense_ms: float
     gathered_ms: float
+    index_select_ms: float
     segmented_ms: float
     static_ms: float
 
@@ -76,13 +79,14 @@ def bench_case(
 ) -> Row:
     vocab, d = weight.shape
     device = weight.device
-    hidden = torch.randn(n, d, generator=gen).to(device)  # (N, d)
+    hidden = torch.randn(n, d, generator=gen).to(device, weight.dtype)  # (N, d)
     ids = torch.randperm(vocab, generator=gen)[: vocab // fraction].to(device)  # (S,)
     starts, ends = random_clusters(vocab, fraction, gen)
     static_rows = weight[ids].contiguous()  # (S, d), made once
 
+    tol = 1e-4 if weight.dtype == torch.float32 else 2e-2  # bf16/fp16: output rounding of the dtype
     torch.testing.assert_close(
-        gathered_lm_head(hidden, weight, ids), hidden @ static_rows.T, rtol=1e-4, atol=1e-3
+        gathered_lm_head(hidden, weight, ids).float(), (hidden @ static_rows.T).float(), rtol=tol, atol=tol * 10
     )
 
     def timed(fn: Callable[[], object]) -> float:
@@ -94,6 +98,7 @@ def bench_case(
         fraction=fraction,
         dense_ms=timed(lambda: hidden @ weight.T),
         gathered_ms=timed(lambda: gathered_lm_head(hidden, weight, ids)),
+        index_select_ms=timed(lambda: hidden @ weight.index_select(0, ids).T),
         segmented_ms=timed(lambda: segmented_lm_head(hidden, weight, starts, ends)),
         static_ms=timed(lambda: hidden @ static_rows.T),
     )
@@ -105,6 +110,7 @@ def format_row(row: Row) -> str:
     return (
         f"{row.shape:<7} {row.n:>2} 1/{row.fraction:<3} {row.dense_ms:>9.3f} {ideal:>8.3f} | "
         f"{row.gathered_ms:>9.3f} {row.gathered_ms / ideal:>6.2f}x {row.gathered_ms / row.static_ms:>6.2f}x | "
+        f"{row.index_select_ms:>9.3f} {row.index_select_ms / ideal:>6.2f}x | "
         f"{row.segmented_ms:>9.3f} {row.segmented_ms / ideal:>6.2f}x {row.segmented_ms / row.static_ms:>6.2f}x | "
         f"{row.static_ms:>9.3f} {row.static_ms / ideal:>6.2f}x"
     )
@@ -113,6 +119,7 @@ def format_row(row: Row) -> str:
 HEADER = (
     f"{'shape':<7} {'N':>2} {'frac':<5} {'dense ms':>9} {'ideal ms':>8} | "
     f"{'gathered':>9} {'/ideal':>7} {'/static':>7} | "
+    f"{'idx+mm':>9} {'/ideal':>7} | "
     f"{'segmentd':>9} {'/ideal':>7} {'/static':>7} | "
     f"{'static':>9} {'/ideal':>7}"
 )
@@ -130,6 +137,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument("--positions", type=int, nargs="+", default=list(POSITIONS), help="draft positions N")
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (5 if args.quick else 15)
     args.warmup = 1 if args.quick else 3
@@ -144,14 +153,14 @@ def main(argv: list[str] | None = None) -> None:
     gen = torch.Generator().manual_seed(args.seed)
     names = list(SHAPES) if args.shapes == "all" else [args.shapes]
     print(
-        f"device={device} threads={torch.get_num_threads()} dtype=float32 repeats={args.repeats} "
+        f"device={device} threads={torch.get_num_threads()} dtype={args.dtype} repeats={args.repeats} "
         f"gathered backend={resolve_head_backend(device)} clusters={NUM_CLUSTERS}"
     )
     print(HEADER)
     for name in names:
         vocab, d = SHAPES[name]
-        weight = torch.randn(vocab, d, generator=gen).to(device)  # (V, d), cluster-sorted layout
-        for n in POSITIONS:
+        weight = torch.randn(vocab, d, generator=gen).to(device, getattr(torch, args.dtype))  # (V, d)
+        for n in args.positions:
             for fraction in FRACTIONS:
                 print(format_row(bench_case(name, weight, n, fraction, args, gen)), flush=True)
         del weight

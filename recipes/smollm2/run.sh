@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUN=${RUN:-runs/smollm2}
-STEPS=${STEPS:-2400}
+STEPS=${STEPS:-5000}
 export OMP_NUM_THREADS=2
 
 [ -f data/train_prompts.jsonl ] || python recipes/smollm2/build_prompts.py --out data/train_prompts.jsonl
