@@ -9,3 +9,32 @@ compiled kernels on a GPU instead, run ``TRITON_INTERPRET=0 python -m pytest``.
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread (no oversubscription when the cores are busy); restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def target():
+    """A tiny random Llama target (vocabulary 128, no EOS); see tests/helpers.py."""
+    from helpers import tiny_target
+
+    return tiny_target()
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    """A fresh DynaSpec drafter bound to `target` (8 clusters)."""
+    from helpers import tiny_drafter
+
+    return tiny_drafter(target)

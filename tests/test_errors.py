@@ -4,20 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import prompt, tiny_drafter, tiny_target
+from helpers import prompt, tiny_target
 
 from hf_dynaspec import DynaSpecGenerationConfig
 from hf_dynaspec.generation.config import resolve_draft_settings
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
-
-
-@pytest.fixture(scope="module")
-def drafter(target):
-    return tiny_drafter(target)
 
 
 def test_batch_size_above_one_is_refused(target, drafter):

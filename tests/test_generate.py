@@ -11,16 +11,6 @@ from hf_dynaspec.generation import decoding
 from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
 
 
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
-
-
-@pytest.fixture(scope="module")
-def drafter(target):
-    return tiny_drafter(target)
-
-
 def greedy(target, ids, **kwargs):
     return target.generate(ids, do_sample=False, **kwargs)
 
