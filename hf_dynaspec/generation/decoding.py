@@ -78,7 +78,6 @@ def speculative_decode(
 ) -> DynaSpecGenerateOutput | torch.LongTensor:
     """Lossless tree speculative decoding of a batch-1 prompt; see the module docstring."""
     model_kwargs = model_kwargs or {}
-    check_generation_inputs(input_ids, generation_config)
     settings = resolve_draft_settings(generation_config, drafter.generation_config, drafter.config.num_clusters)
     drafter.bind(target)
     padding, input_ids = strip_left_padding(input_ids, model_kwargs.get("attention_mask"))

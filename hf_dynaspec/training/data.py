@@ -33,6 +33,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from ..targets import encode_prompt
+
 INDEX_NAME = "index.json"
 FORMAT_VERSION = 1
 PROMPT_FIELDS = ("turns", "prompt", "question", "instruction")
@@ -105,16 +107,6 @@ def prompt_of(record: Any) -> str | None:
     return None
 
 
-def encode_prompt_ids(tokenizer, prompt: str, chat_template: bool = True) -> list[int]:
-    """Token ids of a prompt, through the tokenizer's chat template when it has one."""
-    if chat_template and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
-        return list(tokenizer(text, add_special_tokens=False).input_ids)
-    return list(tokenizer(prompt).input_ids)
-
-
 def prompt_key(prompt: str) -> str:
     return hashlib.sha1(prompt.encode("utf-8")).hexdigest()
 
@@ -148,7 +140,7 @@ def generate_dataset(
     for prompt in prompts:
         key = prompt_key(prompt)
         if key not in done and key not in todo:
-            todo[key] = encode_prompt_ids(tokenizer, prompt, chat_template)[-max_prompt_tokens:]
+            todo[key] = encode_prompt(tokenizer, prompt, chat_template)[0].tolist()[-max_prompt_tokens:]
     order = sorted(todo, key=lambda k: len(todo[k]))
     pad_id = _pad_id(tokenizer, target)
     eos_ids = _eos_ids(target)
