@@ -175,3 +175,9 @@ def test_set_static_shortlist_round_trip(tmp_path, target):
     assert loaded.static_token_ids.tolist() == [3, 7, 50]
     with pytest.raises(ValueError, match="static shortlist ids"):
         drafter.set_static_shortlist(torch.tensor([999]))
+
+
+def test_init_layer_from_target(target):
+    drafter = tiny_drafter(target).init_layer_from_target(target)
+    for name, value in target.model.layers[-1].state_dict().items():
+        assert torch.equal(drafter.layer.state_dict()[name], value)
