@@ -1,10 +1,11 @@
 """Spec-Bench style evaluation: every method on the same prompts, greedy, batch 1, in one process.
 
 For each prompt (chat template applied) and each method it records wall time, new tokens, and for the
-speculative methods the mean accepted length, mean shortlist size, draft / verify time, and whether the
-output equals plain greedy (any mismatch is reported loudly). Results aggregate per category and overall:
-tokens/s, speedup over plain generate (ratio of summed times), mean accepted length (tokens per target step),
-acceptance recovery vs the full-vocabulary head.
+speculative methods the mean accepted length, mean shortlist size and recall, draft / verify time, and whether
+the output equals plain greedy (any mismatch is reported loudly). Results aggregate per category and overall:
+tokens/s, speedup over plain generate (ratio of summed times) and over the full-vocabulary / static-shortlist
+drafters, mean accepted length (tokens per target step), acceptance recovery vs the full-vocabulary head.
+Records are appended to `records.jsonl` as they come: a stopped run resumes where it stopped (`resume=True`).
 
     hf-dynaspec bench --target tiny --drafter /tmp/tiny-drafter --limit 2 --max-new-tokens 16
 """
@@ -55,6 +56,8 @@ class Record:
     shortlist_positions: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    recall_hits: int = 0
+    recall_checks: int = 0
     matches_plain: bool = True
 
 
@@ -66,6 +69,7 @@ class Summary:
     speedup: float
     mean_accepted_length: float
     mean_shortlist_size: float
+    shortlist_recall: float | None
     draft_share: float
     verify_share: float
     mismatches: int
@@ -138,35 +142,59 @@ def run_method(target, drafter, method: str, input_ids: torch.Tensor, max_new_to
 
 def run_bench(
     target, tokenizer, drafter, prompts: list[dict], methods: Iterable[str], max_new_tokens: int,
-    warmup: int = 1,
+    warmup: int = 1, records_path: str | Path | None = None,
 ) -> list[Record]:
+    """Every method on every prompt. With `records_path` (JSONL), records are appended as they come and the
+    prompts already there (all methods done) are skipped: a stopped run resumes."""
     methods = list(methods)
     for method in methods:
         method_settings(method)  # fail fast on a bad name
     if "plain" not in methods:
         methods.insert(0, "plain")
-    for row in prompts[:warmup]:  # warm-up: first calls pay allocation and dispatch costs
+    records, done = load_records(records_path, methods)
+    todo = [row for row in prompts if row["question_id"] not in done]
+    for row in todo[:warmup]:  # warm-up: first calls pay allocation and dispatch costs
         for method in methods:
             run_method(target, drafter, method, encode_prompt(tokenizer, row["prompt"]), 8)
-    records = []
-    for row in tqdm(prompts, desc="bench", unit="prompt"):
-        input_ids = encode_prompt(tokenizer, row["prompt"])
-        plain = None
-        for method in methods:
-            seq, seconds, stats = run_method(target, drafter, method, input_ids, max_new_tokens)
-            plain = seq if method == "plain" else plain
-            rec = Record(method, row["category"], row["question_id"], seconds, seq.shape[1] - input_ids.shape[1])
-            if method != "plain" and stats is None:
-                rec.matches_plain = bool(torch.equal(seq, plain))
-            if stats is not None:
-                rec.steps, rec.accepted_tokens = stats.num_steps, sum(stats.accepted_lengths)
-                rec.shortlist_total, rec.shortlist_positions = stats.shortlist_total, stats.shortlist_positions
-                rec.draft_s, rec.verify_s = stats.draft_time, stats.verify_time
-                rec.matches_plain = bool(torch.equal(seq, plain))
-                if not rec.matches_plain:
-                    tqdm.write(f"MISMATCH: {method} differs from plain greedy on {row['question_id']}")
-            records.append(rec)
+    for row in tqdm(todo, desc="bench", unit="prompt", initial=len(prompts) - len(todo), total=len(prompts)):
+        rows = bench_prompt(target, tokenizer, drafter, row, methods, max_new_tokens)
+        records += rows
+        if records_path is not None:
+            with open(records_path, "a") as file:
+                file.writelines(json.dumps(asdict(r)) + "\n" for r in rows)
     return records
+
+
+def load_records(path: str | Path | None, methods: list[str]) -> tuple[list[Record], set[str]]:
+    """Records of an earlier run of the same methods, and the question ids it finished."""
+    if path is None or not Path(path).is_file():
+        return [], set()
+    records = [Record(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
+    by_prompt: dict[str, set[str]] = defaultdict(set)
+    for rec in records:
+        by_prompt[rec.question_id].add(rec.method)
+    done = {qid for qid, got in by_prompt.items() if got >= set(methods)}
+    return [r for r in records if r.question_id in done and r.method in methods], done
+
+
+def bench_prompt(target, tokenizer, drafter, row: dict, methods: list[str], max_new_tokens: int) -> list[Record]:
+    """One prompt through every method ("plain" first), each output checked against plain greedy."""
+    input_ids = encode_prompt(tokenizer, row["prompt"])
+    plain, out = None, []
+    for method in methods:
+        seq, seconds, stats = run_method(target, drafter, method, input_ids, max_new_tokens)
+        plain = seq if method == "plain" else plain
+        rec = Record(method, row["category"], row["question_id"], seconds, seq.shape[1] - input_ids.shape[1])
+        rec.matches_plain = bool(torch.equal(seq, plain))
+        if stats is not None:
+            rec.steps, rec.accepted_tokens = stats.num_steps, sum(stats.accepted_lengths)
+            rec.shortlist_total, rec.shortlist_positions = stats.shortlist_total, stats.shortlist_positions
+            rec.recall_hits, rec.recall_checks = stats.recall_hits, stats.recall_checks
+            rec.draft_s, rec.verify_s = stats.draft_time, stats.verify_time
+        if not rec.matches_plain:
+            tqdm.write(f"MISMATCH: {method} differs from plain greedy on {row['question_id']}")
+        out.append(rec)
+    return out
 
 
 def summarize(records: list[Record]) -> list[Summary]:
@@ -186,27 +214,38 @@ def summarize(records: list[Record]) -> list[Summary]:
             speedup=plain_time.get(category, seconds) / max(seconds, 1e-9),
             mean_accepted_length=sum(r.accepted_tokens for r in recs) / steps if steps else 1.0,
             mean_shortlist_size=sum(r.shortlist_total for r in recs) / max(1, sum(r.shortlist_positions for r in recs)),
+            shortlist_recall=(sum(r.recall_hits for r in recs) / checks) if (checks := sum(r.recall_checks for r in recs)) else None,
             draft_share=sum(r.draft_s for r in recs) / max(seconds, 1e-9),
             verify_share=sum(r.verify_s for r in recs) / max(seconds, 1e-9),
             mismatches=sum(not r.matches_plain for r in recs),
             prompts=len(recs),
         ))
-    full = {s.category: s.mean_accepted_length for s in out if s.method == "full"}
+    full = {s.category: s for s in out if s.method == "full"}
+    static = {s.category: s for s in out if s.method == "static"}
     for s in out:
         if s.category in full and s.method != "plain":
-            s.extra["recovery_vs_full"] = s.mean_accepted_length / full[s.category]
+            s.extra["recovery_vs_full"] = s.mean_accepted_length / full[s.category].mean_accepted_length
+            s.extra["speedup_vs_full"] = s.tokens_per_s / full[s.category].tokens_per_s
+        if s.category in static and s.method != "plain":
+            s.extra["speedup_vs_static"] = s.tokens_per_s / static[s.category].tokens_per_s
     return sorted(out, key=lambda s: (s.category != "overall", s.category, s.method))
 
 
 def markdown_table(summaries: list[Summary]) -> str:
-    head = "| category | method | tok/s | speedup | accepted length | recovery vs full | shortlist | draft % | verify % | mismatches |"
-    rows = [head, "|" + "---|" * 10]
+    head = ("| category | method | tok/s | speedup | vs full | vs static | accepted length | recovery vs full | "
+            "shortlist | recall | draft % | verify % | mismatches |")
+    rows = [head, "|" + "---|" * 13]
+
+    def fmt(value: float | None, spec: str) -> str:
+        return "" if value is None else format(value, spec)
+
     for s in summaries:
-        recovery = s.extra.get("recovery_vs_full")
+        x = s.extra
         rows.append(
-            f"| {s.category} | {s.method} | {s.tokens_per_s:.1f} | {s.speedup:.2f}x | {s.mean_accepted_length:.2f} | "
-            f"{'' if recovery is None else f'{recovery:.1%}'} | {s.mean_shortlist_size:.0f} | {s.draft_share:.0%} | "
-            f"{s.verify_share:.0%} | {s.mismatches} |"
+            f"| {s.category} | {s.method} | {s.tokens_per_s:.1f} | {s.speedup:.2f}x | "
+            f"{fmt(x.get('speedup_vs_full'), '.2f')} | {fmt(x.get('speedup_vs_static'), '.2f')} | "
+            f"{s.mean_accepted_length:.2f} | {fmt(x.get('recovery_vs_full'), '.1%')} | {s.mean_shortlist_size:.0f} | "
+            f"{fmt(s.shortlist_recall, '.1%')} | {s.draft_share:.0%} | {s.verify_share:.0%} | {s.mismatches} |"
         )
     return "\n".join(rows)
 

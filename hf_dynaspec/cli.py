@@ -93,11 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--out", default="bench_results", help="folder for results.json and results.md")
     bench.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    bench.add_argument("--restart", action="store_true",
+                       help="discard OUT/records.jsonl (by default a stopped run resumes from it)")
     bench.set_defaults(func=cmd_bench)
 
     static = sub.add_parser("static", help="store a frequency-ranked static shortlist in a drafter (baseline)")
     static.add_argument("--drafter", required=True, help="drafter folder (updated in place)")
-    static.add_argument("--data", required=True, help="dataset folder made by `distill` (answers are counted)")
+    static.add_argument("--data", action="append", required=True,
+                        help="dataset folder made by `distill` (answers are counted); may be repeated")
     static.add_argument("--size", type=int, required=True, help="number of tokens to keep")
     static.set_defaults(func=cmd_static)
 
@@ -115,12 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a drafter on a dataset made by `distill` (resumable)")
     _add_target(train)
     train.add_argument("--drafter", required=True, help="drafter folder to start from (see `init`)")
-    train.add_argument("--data", required=True, help="dataset folder made by `distill`")
+    train.add_argument("--data", action="append", required=True,
+                       help="dataset folder made by `distill`; may be repeated (each is split on its own)")
     train.add_argument("--ckpt-dir", required=True, help="checkpoints; an existing one is resumed")
     train.add_argument("--steps", type=int, default=1000, help="total steps (a resumed run continues)")
     train.add_argument("--lr", type=float, default=1e-3)
     train.add_argument("--batch-size", type=int, default=8)
     train.add_argument("--seq-len", type=int, default=256)
+    train.add_argument("--unroll", type=int, default=1,
+                       help="draft steps trained per position on the drafter's own features (2-3: better depth >= 2)")
     train.add_argument("--no-resume", action="store_true")
     train.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     train.set_defaults(func=cmd_train)
@@ -196,7 +202,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     prompts = bench.load_bench_prompts(args.prompts, args.limit)
     target, tokenizer = load_target(args.target, prefer_gguf=not args.no_gguf)
     drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target).eval()
-    records = bench.run_bench(target, tokenizer, drafter, prompts, bench.parse_methods(args.methods), args.max_new_tokens)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    records_path = Path(args.out) / "records.jsonl"
+    if args.restart and records_path.exists():
+        records_path.unlink()
+    records = bench.run_bench(target, tokenizer, drafter, prompts, bench.parse_methods(args.methods),
+                              args.max_new_tokens, records_path=records_path)
     meta = {"target": args.target, "drafter": args.drafter, "max_new_tokens": args.max_new_tokens,
             "threads": torch.get_num_threads(), "prompts": len(prompts)}
     summaries = bench.write_results(records, args.out, meta)
@@ -242,11 +253,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     target, _ = load_target(args.target, prefer_gguf=not args.no_gguf)
     drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target)
     result = train_drafter(drafter, target, args.data, args.steps, args.lr, args.batch_size, args.seq_len,
-                           args.ckpt_dir, resume=not args.no_resume)
+                           args.ckpt_dir, resume=not args.no_resume, unroll=args.unroll)
     ev = result["eval"]
     recall = ", ".join(f"k={k}: {v:.2f}" for k, v in ev["router_recall"].items())
+    depths = " / ".join(f"{v:.3f}" for v in ev["top1_at_depth"])
     print(f"trained to step {result['step']} ({result['tokens_per_s']:.0f} tokens/s); drafter saved in "
-          f"{args.ckpt_dir}. Held-out top-1 {ev['top1']:.3f} over {ev['positions']} positions; router recall {recall}")
+          f"{args.ckpt_dir}. Held-out top-1 {ev['top1']:.3f} over {ev['positions']} positions (at draft depth "
+          f"1..{len(ev['top1_at_depth'])}: {depths}); router recall {recall}")
     return 0
 
 

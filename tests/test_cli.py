@@ -39,6 +39,26 @@ def test_bench_on_a_tiny_target(tmp_path, capsys):
     assert len(results["records"]) == 5 * 2 * 13  # methods x prompts per category x categories
     assert "| overall | dynaspec |" in (out / "results.md").read_text()
     assert (out / "speedup.png").is_file() and (out / "shortlist_vs_acceptance.png").is_file()
+    assert overall["full"]["shortlist_recall"] == 1.0  # the full head holds every token
+    assert 0.0 <= overall["dynaspec"]["shortlist_recall"] <= 1.0 and overall["plain"]["shortlist_recall"] is None
+    assert overall["dynaspec"]["extra"]["speedup_vs_full"] > 0
+
+    # a stopped run resumes: cut the records to the first prompt and rerun; only the rest is measured again
+    lines = (out / "records.jsonl").read_text().splitlines()
+    assert len(lines) == 5 * 2 * 13
+    (out / "records.jsonl").write_text("\n".join(lines[:5]) + "\n")
+    from hf_dynaspec import bench
+
+    calls = []
+    original = bench.bench_prompt
+    bench.bench_prompt = lambda *a, **k: calls.append(a[3]["question_id"]) or original(*a, **k)
+    try:
+        assert main(["bench", "--target", "tiny", "--drafter", str(drafter), "--limit", "2", "--max-new-tokens",
+                     "8", "--methods", "plain,dynaspec,full,dynaspec-dyspec,prompt-lookup", "--out", str(out)]) == 0
+    finally:
+        bench.bench_prompt = original
+    assert len(calls) == 2 * 13 - 1 and json.loads(lines[0])["question_id"] not in calls
+    assert len(json.loads((out / "results.json").read_text())["records"]) == 5 * 2 * 13
 
 
 def test_method_variants_parse():

@@ -114,8 +114,10 @@ def test_cli_distill_and_train(tmp_path, capsys):
     assert "4 conversations" in capsys.readouterr().out
     assert main(["init", "--target", "tiny", "--num-clusters", "8", "--out", str(drafter)]) == 0
     assert main(["train", "--target", "tiny", "--drafter", str(drafter), "--data", str(data), "--ckpt-dir",
-                 str(ckpt), "--steps", "3", "--batch-size", "2", "--seq-len", "16"]) == 0
-    assert "trained to step 3" in capsys.readouterr().out
+                 str(ckpt), "--steps", "3", "--batch-size", "2", "--seq-len", "16", "--data", str(data),
+                 "--unroll", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "trained to step 3" in out and "at draft depth 1..2" in out
     assert main(["distill", "--target", "tiny", "--prompts", str(tmp_path / "spec_bench.jsonl"),
                  "--out", str(data)]) == 1
     assert "Spec-Bench" in capsys.readouterr().err
@@ -132,3 +134,58 @@ def test_frequent_tokens_counts_answers_only(tiny, dataset):
         counts += torch.bincount(conv.input_ids[conv.loss_mask], minlength=vocab)
     assert top.numel() == 5 and bool((top[1:] > top[:-1]).all())  # sorted, distinct
     assert counts[top].min() >= counts.sort(descending=True).values[4]
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+def test_unrolled_steps_match_step_by_step_drafting(tiny, dataset, depth):
+    """Step s of the unrolled window equals drafting for real: the drafter's cache filled from the target's
+    true features up to j - s + 1, then its own features fed back one position at a time."""
+    from transformers import DynamicCache
+
+    from hf_dynaspec.training.trainer import collate, unrolled_steps, window
+
+    target, _ = tiny
+    torch.manual_seed(1)
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8).bind(target).eval()
+    conv = max(load_dataset(dataset), key=lambda c: c.hidden.shape[0])
+    length = conv.hidden.shape[0] - 1
+    batch = collate([window(conv, 0, length)], length)
+    with torch.no_grad():
+        steps = unrolled_steps(drafter, batch, depth)
+        for j in range(depth - 1, length):
+            first = j - depth + 1  # last position computed from the target's true features
+            cache = DynamicCache()
+            hidden = batch.hidden[:, : first + 1].float()  # (1, first + 1, d), stored in fp16
+            out = drafter(batch.input_ids[:, : first + 1], hidden, cache=cache, head_mode=None)
+            feature = out.hidden_states[:, -1:]  # (1, 1, d)
+            for pos in range(first + 1, j + 1):
+                out = drafter(batch.input_ids[:, pos : pos + 1], feature, position_ids=torch.tensor([[pos]]),
+                              cache=cache, head_mode=None)
+                feature = out.hidden_states
+            torch.testing.assert_close(steps[depth - 1][0][:, j], feature[:, 0], rtol=1e-4, atol=1e-5)
+    assert not steps[depth - 1][2][:, : depth - 1].any()  # positions without a previous feature do not count
+
+
+def test_unrolled_training_learns_and_reports_depths(tiny, dataset, tmp_path):
+    target, _ = tiny
+    torch.manual_seed(0)
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8)
+    result = train_drafter(drafter, target, [dataset, dataset], steps=20, lr=3e-3, batch_size=4, seq_len=24,
+                           ckpt_dir=tmp_path / "ckpt", heldout_fraction=0.25, progress=False, unroll=3)
+    assert sum(result["losses"][-4:]) < sum(result["losses"][:4])
+    assert len(result["eval"]["top1_at_depth"]) == 3
+    assert result["eval"]["top1_at_depth"][0] == result["eval"]["top1"]
+    assert json.loads((tmp_path / "ckpt" / "trainer_state.json").read_text())["unroll"] == 3
+    with pytest.raises(ValueError, match="unroll"):
+        train_drafter(drafter, target, dataset, steps=1, lr=1e-3, batch_size=1, seq_len=8,
+                      ckpt_dir=tmp_path / "other", unroll=0, progress=False)
+
+
+def test_split_per_folder_is_stable_when_folders_are_added(dataset):
+    from hf_dynaspec.training.trainer import load_split
+
+    train_one, held_one = load_split(dataset, 0.25, seed=0)
+    train_two, held_two = load_split([dataset, dataset], 0.25, seed=0)
+    key = [tuple(c.input_ids.tolist()) for c in held_one]
+    assert [tuple(c.input_ids.tolist()) for c in held_two[: len(held_one)]] == key
+    assert len(train_two) == 2 * len(train_one)

@@ -41,6 +41,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         self.tree: VerifyTree | None = None
         self._root_feature: torch.Tensor | None = None  # (d,)
         self._root_children: tuple[torch.Tensor, torch.Tensor] | None = None  # (1, k), (1, k)
+        self._root_shortlist: torch.Tensor | None = None  # (S,) token ids the root's children were drawn from
         self._pool: DraftTree | None = None
         self._features: dict[int, torch.Tensor] = {}  # pool node -> drafter output feature (d,)
         self._slots: dict[int, int] = {}  # pool node -> drafter cache index
@@ -78,6 +79,11 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         self.stats.draft_time += time.perf_counter() - start
         nodes = self.tree.tokens[1:].to(input_ids.device)[None]
         return torch.cat([input_ids, nodes], dim=-1), None
+
+    def note_target_token(self, token: int) -> None:
+        """Shortlist recall: was the target's token after the root in the root's shortlist?"""
+        if self._root_shortlist is not None:
+            self.stats.add_recall(bool((self._root_shortlist == token).any()))
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores, num_matches: int) -> None:
         """The tree adapts itself each step; nothing to update."""
@@ -134,6 +140,8 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         )
         head = self.drafter.bound_head.logits(features, settings.head_mode, router_logits, budget)
         self.stats.add_shortlist(head.shortlist_sizes)
+        if depths == [0]:
+            self._root_shortlist = head.token_ids[torch.isfinite(head.logits[0])]
         logq = torch.log_softmax(head.logits, dim=-1)  # (F, S), -inf outside each shortlist
         top = logq.topk(min(settings.draft_top_k, logq.shape[-1]), dim=-1)
         return head.token_ids[top.indices], top.values

@@ -139,6 +139,7 @@ def speculative_step(target: torch.nn.Module, generator: DynaSpecCandidateGenera
     )
     run.stats.verify_time += time.perf_counter() - start
     run.stats.accepted_lengths.append(len(walk.new_tokens))
+    generator.note_target_token(walk.new_tokens[0])
     run.stats.tree_sizes.append(tree.num_nodes - 1)
     run.emit(walk.new_tokens, walk.scores, walk.logits)
     keep_accepted(run.cache, past_length, walk.path)

@@ -14,7 +14,9 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 @dataclass
 class SpeculativeStats:
     """accepted_lengths: tokens emitted per target step (accepted drafts + the bonus token);
-    shortlist sizes are counted over every drafted position; times are wall-clock seconds."""
+    shortlist sizes are counted over every drafted position; shortlist recall is the fraction of target steps
+    whose first token (the target's own choice after the root) lay in the root's shortlist; times are
+    wall-clock seconds."""
 
     accepted_lengths: list[int] = field(default_factory=list)
     shortlist_total: int = 0
@@ -23,10 +25,20 @@ class SpeculativeStats:
     verify_time: float = 0.0
     prefill_time: float = 0.0
     tree_sizes: list[int] = field(default_factory=list)
+    recall_hits: int = 0
+    recall_checks: int = 0
 
     def add_shortlist(self, sizes: torch.Tensor) -> None:
         self.shortlist_total += int(sizes.sum())
         self.shortlist_positions += int(sizes.numel())
+
+    def add_recall(self, hit: bool) -> None:
+        self.recall_hits += int(hit)
+        self.recall_checks += 1
+
+    @property
+    def shortlist_recall(self) -> float:
+        return self.recall_hits / max(1, self.recall_checks)
 
     @property
     def num_steps(self) -> int:
@@ -45,6 +57,7 @@ class SpeculativeStats:
             "steps": self.num_steps,
             "mean_accepted_length": self.mean_accepted_length,
             "mean_shortlist_size": self.mean_shortlist_size,
+            "shortlist_recall": self.shortlist_recall,
             "mean_tree_size": sum(self.tree_sizes) / max(1, len(self.tree_sizes)),
             "draft_time_s": self.draft_time,
             "verify_time_s": self.verify_time,

@@ -23,7 +23,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +33,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
+from transformers import DynamicCache
 
+from ..modeling import additive_mask
 from .data import Conversation, load_dataset
 
 STATE_NAME = "trainer_state.json"
@@ -111,6 +113,43 @@ def collate(parts: list[dict[str, torch.Tensor]], seq_len: int) -> Batch:
 
 
 # ----------------------------------------------------------------------------------------------- losses
+def unroll_mask(length: int, step: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """4D additive mask (1, 1, T, step * T) for draft step `step` >= 2 of an unrolled window.
+
+    When decoding, the drafter's token at depth s (position j) sees the context it computed from the target's
+    true features, up to position j - s + 1, then its own earlier drafts at j - s + 2 .. j - 1, one from each
+    earlier step, and itself. With the keys of steps 1..s laid side by side in the cache (blocks of T), query
+    j of step s may see: block 1 keys k <= j - s + 1; block r (2 <= r <= s) key j - s + r only.
+    """
+    ones = torch.ones(length, length, dtype=torch.bool, device=device)
+    blocks = [ones.tril(1 - step)] + [ones.tril(r - step).triu(r - step) for r in range(2, step + 1)]
+    return additive_mask(torch.cat(blocks, dim=-1), dtype)  # (1, 1, T, s*T)
+
+
+def unrolled_steps(drafter, batch: Batch, unroll: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """[(features (B, T, d), router_logits (B, T, M), valid (B, T))] for draft steps 1..unroll.
+
+    Step 1 is teacher-forced: position j reads (h_j, x_{j+1}). Step s >= 2 reads (f^{s-1}_{j-1}, x_{j+1}):
+    the drafter's own feature from the previous step one position back, as at depth s when decoding (the
+    draft tokens are the true ones: only accepted prefixes count). Every step has the same targets
+    (h_{j+1}, x_{j+2}); position j of step s needs j >= s - 1.
+    """
+    dtype = drafter.fc.weight.dtype
+    length = batch.input_ids.shape[1]
+    cache = DynamicCache() if unroll > 1 else None
+    hidden = batch.hidden.to(dtype)  # (B, T, d)
+    steps = []
+    for step in range(1, unroll + 1):
+        mask = None if step == 1 else unroll_mask(length, step, dtype, hidden.device)
+        out = drafter(batch.input_ids, hidden, position_ids=batch.position_ids, attention_mask=mask, cache=cache,
+                      head_mode=None)
+        valid = batch.valid.clone()
+        valid[:, : step - 1] = False
+        steps.append((out.hidden_states, out.router_logits, valid))
+        hidden = torch.cat([torch.zeros_like(out.hidden_states[:, :1]), out.hidden_states[:, :-1]], dim=1)
+    return steps
+
+
 def drafter_losses(
     drafter,
     batch: Batch,
@@ -118,15 +157,38 @@ def drafter_losses(
     router_top_l: int,
     soft_targets: bool,
     generator: torch.Generator,
+    unroll: int = 1,
+    unroll_decay: float = 0.8,
 ) -> dict[str, torch.Tensor]:
-    """Regression, CE and router losses of one batch (0-dim tensors) and the batch's top-1 accuracy."""
-    dtype = drafter.fc.weight.dtype
-    out = drafter(
-        batch.input_ids, batch.hidden.to(dtype), position_ids=batch.position_ids, head_mode=None
-    )
-    valid = batch.valid.nonzero(as_tuple=True)
-    feats = out.hidden_states[valid]  # (n, d)
-    targets = batch.target_hidden.to(dtype)[valid]  # (n, d)
+    """Regression, CE and router losses of one batch (0-dim tensors, weighted means over the unrolled steps)
+    and the batch's top-1 accuracy (step 1)."""
+    steps = unrolled_steps(drafter, batch, unroll)
+    scale = [unroll_decay**s for s in range(len(steps))]
+    parts: dict[str, torch.Tensor] = {}
+    for weight, (features, router_logits, valid) in zip(scale, steps):
+        step_parts = step_losses(drafter, batch, features, router_logits, valid, head_positions, router_top_l,
+                                 soft_targets, generator)
+        parts.setdefault("top1", step_parts.pop("top1"))
+        for key, value in step_parts.items():
+            parts[key] = parts.get(key, 0) + weight * value / sum(scale)
+    return parts
+
+
+def step_losses(
+    drafter,
+    batch: Batch,
+    features: torch.Tensor,
+    router_logits: torch.Tensor,
+    valid_mask: torch.Tensor,
+    head_positions: int,
+    router_top_l: int,
+    soft_targets: bool,
+    generator: torch.Generator,
+) -> dict[str, torch.Tensor]:
+    """Losses of one draft step: features (B, T, d) against h_{j+1}, the LM head on a sample of positions."""
+    valid = valid_mask.nonzero(as_tuple=True)
+    feats = features[valid]  # (n, d)
+    targets = batch.target_hidden.to(feats.dtype)[valid]  # (n, d)
     regression = F.smooth_l1_loss(feats, targets)
     sel = torch.randperm(feats.shape[0], generator=generator)[:head_positions]
     logits = drafter.full_vocab_logits(feats[sel])  # (k, V)
@@ -137,9 +199,8 @@ def drafter_losses(
         ce = -(target_logits.softmax(-1) * logits.log_softmax(-1)).sum(-1).mean()
     else:
         ce = F.cross_entropy(logits, target_token)
-    router_logits = out.router_logits[valid][sel]  # (k, M)
     labels = router_labels(drafter.clusters.cluster_of_token, logits.detach(), target_token, router_top_l)
-    router = F.binary_cross_entropy_with_logits(router_logits, labels)
+    router = F.binary_cross_entropy_with_logits(router_logits[valid][sel], labels)
     top1 = (logits.argmax(-1) == target_token).float().mean()
     return {"regression": regression, "ce": ce, "router": router, "top1": top1.detach()}
 
@@ -225,7 +286,7 @@ def frozen(module: torch.nn.Module) -> Iterator[None]:
 def train_drafter(
     drafter,
     target,
-    data_dir: str | os.PathLike,
+    data_dir: str | os.PathLike | Sequence[str | os.PathLike],
     steps: int,
     lr: float,
     batch_size: int,
@@ -234,6 +295,8 @@ def train_drafter(
     resume: bool = True,
     heldout_fraction: float = 0.05,
     *,
+    unroll: int = 1,
+    unroll_decay: float = 0.8,
     warmup: int | None = None,
     weight_decay: float = 0.0,
     grad_clip: float = 1.0,
@@ -246,15 +309,17 @@ def train_drafter(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Train `drafter` (bound to `target`) for `steps` steps in all (a resumed run continues from the saved
-    step up to `steps`). Returns {"step", "losses" (this call's per-step totals), "start_step",
-    "tokens_per_s", "eval": evaluate_drafter(...) on the held-out conversations}."""
+    step up to `steps`). `data_dir`: one dataset folder or several (each split into train / held-out on its
+    own, so adding a folder later never moves a conversation of an earlier one across the split). `unroll`
+    > 1 trains the drafter on its own features for that many draft steps (see `unrolled_steps`), step s
+    weighted by `unroll_decay ** (s - 1)`. Returns {"step", "losses" (this call's per-step totals),
+    "start_step", "tokens_per_s", "eval": evaluate_drafter(...) on the held-out conversations}."""
     weights = weights or LossWeights()
     warmup = max(1, steps // 20) if warmup is None else warmup
+    if unroll < 1:
+        raise ValueError(f"unroll must be >= 1 (draft steps trained per position), got {unroll}.")
     drafter.bind(target)
-    usable = [c for c in load_dataset(data_dir) if c.hidden.shape[0] >= 2 and bool(c.loss_mask[2:].any())]
-    train, heldout = split_heldout(usable, heldout_fraction, seed)
-    if not train:
-        raise ValueError(f"{data_dir} holds no training conversations.")
+    train, heldout = load_split(data_dir, heldout_fraction, seed)
     ckpt = Path(ckpt_dir)
     params = list(drafter.parameters())
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
@@ -270,7 +335,8 @@ def train_drafter(
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, steps, lr, warmup)
             batch = sample_batch(train, batch_size, seq_len, generator)
-            parts = drafter_losses(drafter, batch, head_positions, router_top_l, soft_targets, generator)
+            parts = drafter_losses(drafter, batch, head_positions, router_top_l, soft_targets, generator, unroll,
+                                   unroll_decay)
             loss = weights.total(parts)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -281,7 +347,8 @@ def train_drafter(
             bar.set_postfix(loss=f"{history[-1]:.3f}", top1=f"{float(parts['top1']):.2f}")
             done = step + 1
             if done % ckpt_every == 0 or done == steps:
-                save_checkpoint(ckpt, drafter, optimizer, _state(done, lr, batch_size, seq_len, history, start))
+                save_checkpoint(ckpt, drafter, optimizer,
+                                _state(done, lr, batch_size, seq_len, history, start, unroll))
     drafter.eval()
     elapsed = time.perf_counter() - t0
     return {
@@ -289,50 +356,73 @@ def train_drafter(
         "start_step": start,
         "losses": history,
         "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
-        "eval": evaluate_drafter(drafter, heldout or train[:1], seq_len),
+        "eval": evaluate_drafter(drafter, heldout or train[:1], seq_len, unroll=max(unroll, 2)),
     }
 
 
-def _state(step: int, lr: float, batch_size: int, seq_len: int, history: list[float], start: int) -> dict[str, Any]:
-    return {"step": step, "lr": lr, "batch_size": batch_size, "seq_len": seq_len,
+def load_split(
+    data_dirs: str | os.PathLike | Sequence[str | os.PathLike], heldout_fraction: float, seed: int
+) -> tuple[list[Conversation], list[Conversation]]:
+    """(train, heldout) conversations of one or several dataset folders, each folder split on its own."""
+    if isinstance(data_dirs, (str, os.PathLike)):
+        data_dirs = [data_dirs]
+    train: list[Conversation] = []
+    heldout: list[Conversation] = []
+    for data_dir in data_dirs:
+        usable = [c for c in load_dataset(data_dir) if c.hidden.shape[0] >= 2 and bool(c.loss_mask[2:].any())]
+        part_train, part_held = split_heldout(usable, heldout_fraction, seed)
+        train += part_train
+        heldout += part_held
+    if not train:
+        raise ValueError(f"{', '.join(map(str, data_dirs))} holds no training conversations.")
+    return train, heldout
+
+
+def _state(step: int, lr: float, batch_size: int, seq_len: int, history: list[float], start: int,
+           unroll: int) -> dict[str, Any]:
+    return {"step": step, "lr": lr, "batch_size": batch_size, "seq_len": seq_len, "unroll": unroll,
             "last_losses": history[-20:], "started_this_run_at": start}
 
 
 @torch.no_grad()
 def evaluate_drafter(
     drafter, convs: list[Conversation], seq_len: int = 512, budgets: tuple[int, ...] | None = None,
-    max_positions: int = 4096,
+    max_positions: int = 4096, unroll: int = 2,
 ) -> dict[str, Any]:
-    """Teacher-forced held-out metrics on answer positions: top-1 agreement of the drafter's full head with
-    the target's greedy token, and router recall (target token's cluster among the router's top-k) per k."""
+    """Held-out metrics on answer positions: top-1 agreement of the drafter's full head with the target's
+    greedy token ("top1": teacher-forced, as at the first draft position; "top1_at_depth": at draft depth
+    1..unroll, the drafter reading its own features as when decoding) and router recall (the target token's
+    cluster among the router's top-k, first draft position) per k."""
     num_clusters = drafter.config.num_clusters
     budgets = budgets or tuple(sorted({k for k in (1, 2, 4, 8, 16, 32, num_clusters) if k <= num_clusters}))
     cluster_of_token = drafter.clusters.cluster_of_token
-    dtype = drafter.fc.weight.dtype
-    hits, total = 0, 0
+    hits, totals = [0] * unroll, [0] * unroll
     recall_hits = dict.fromkeys(budgets, 0)
     for conv in convs:
         for start in range(0, conv.hidden.shape[0] - 1, seq_len):
             batch = collate([window(conv, start, seq_len)], seq_len)
             if not batch.valid.any():
                 continue
-            out = drafter(batch.input_ids, batch.hidden.to(dtype), position_ids=batch.position_ids, head_mode=None)
-            valid = batch.valid.nonzero(as_tuple=True)
-            pred = drafter.full_vocab_logits(out.hidden_states[valid]).argmax(-1)  # (n,)
-            gold = drafter.full_vocab_logits(batch.target_hidden.to(dtype)[valid]).argmax(-1)  # (n,)
-            hits += int((pred == gold).sum())
-            total += int(gold.numel())
-            order = out.router_logits[valid].argsort(-1, descending=True)  # (n, M)
-            rank = (order == cluster_of_token.to(gold.device)[gold][:, None]).float().argmax(-1)  # (n,)
-            for k in budgets:
-                recall_hits[k] += int((rank < k).sum())
-            if total >= max_positions:
+            gold_all = drafter.full_vocab_logits(batch.target_hidden.to(drafter.fc.weight.dtype)).argmax(-1)  # (1, T)
+            for depth, (features, router_logits, valid_mask) in enumerate(unrolled_steps(drafter, batch, unroll)):
+                valid = valid_mask.nonzero(as_tuple=True)
+                pred = drafter.full_vocab_logits(features[valid]).argmax(-1)  # (n,)
+                gold = gold_all[valid]  # (n,)
+                hits[depth] += int((pred == gold).sum())
+                totals[depth] += int(gold.numel())
+                if depth == 0:
+                    order = router_logits[valid].argsort(-1, descending=True)  # (n, M)
+                    rank = (order == cluster_of_token.to(gold.device)[gold][:, None]).float().argmax(-1)  # (n,)
+                    for k in budgets:
+                        recall_hits[k] += int((rank < k).sum())
+            if totals[0] >= max_positions:
                 break
-        if total >= max_positions:
+        if totals[0] >= max_positions:
             break
-    denom = max(total, 1)
+    denom = max(totals[0], 1)
     return {
-        "positions": total,
-        "top1": hits / denom,
+        "positions": totals[0],
+        "top1": hits[0] / denom,
+        "top1_at_depth": [h / max(t, 1) for h, t in zip(hits, totals)],
         "router_recall": {k: recall_hits[k] / denom for k in budgets},
     }

@@ -6,9 +6,11 @@ roleplay, seed tasks (writing / QA / extraction / advice), and prompts the targe
 - translation: the target translates English sentences into German / French / Spanish; those outputs become
   "Translate German to English: ..." style inputs;
 - summarization and reading comprehension (RAG-like) prompts built around GPTeacher passages.
-Writes data/train_prompts.jsonl ({"prompt": ..., "source": ...}), deterministic for a seed.
+Writes data/train_prompts.jsonl ({"prompt": ..., "source": ...}), deterministic for a seed; `--round 2`
+writes a second, disjoint mix (see MIX2) for the second training stage.
 
     python recipes/smollm2/build_prompts.py --shared ../shared/data --out data/train_prompts.jsonl
+    python recipes/smollm2/build_prompts.py --round 2 --seed 1 --out data/train_prompts_round2.jsonl
 """
 
 from __future__ import annotations
@@ -24,7 +26,16 @@ from tqdm.auto import tqdm
 from hf_dynaspec.targets import load_target
 
 MIX = dict(gsm8k=450, codegen=400, roleplay=250, seed=175, magpie=450, translation=300, summarize=250, rag=250)
+# Round 2 (`--round 2`): disjoint samples of the same pools plus news-style articles the target writes itself
+# (writing prompts, then summarization / reading-comprehension prompts around the articles) and short
+# factual questions, aimed at the categories the round-1 drafter accepted least (translation, summarization,
+# RAG, QA).
+MIX2 = dict(gsm8k=300, codegen=350, roleplay=150, magpie=400, translation=450, news=300, summarize=300, rag=300, qa=250)
 LANGS = ("German", "French", "Spanish")
+TOPICS = ("a city council vote", "a football final", "a new smartphone", "a heat wave", "an election result",
+          "a museum opening", "a company merger", "a space launch", "a court ruling", "a music festival",
+          "a vaccine trial", "a train strike", "a wildfire", "a central bank decision", "a film premiere",
+          "a school reform", "a scientific discovery", "a celebrity interview", "a tech layoff", "a storm")
 
 
 def read_json(path: Path) -> list[dict]:
@@ -38,7 +49,7 @@ def with_input(record: dict) -> str:
 
 
 @torch.no_grad()
-def complete(model, tokenizer, texts: list[str], max_new_tokens: int, sample: bool, batch_size: int = 24) -> list[str]:
+def complete(model, tokenizer, texts: list[str], max_new_tokens: int, sample: bool, batch_size: int = 48) -> list[str]:
     """Batched completions of raw texts (left padding); returns the decoded continuations."""
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
@@ -81,6 +92,60 @@ def first_sentence(text: str) -> str:
     return text.replace("\n", " ").split(". ")[0].strip()[:200]
 
 
+def news_articles(model, tokenizer, n: int, rng: random.Random) -> tuple[list[str], list[str]]:
+    """(writing prompts, articles): the target writes short news reports on varied topics (sampled)."""
+    asks = [f"Write a short news report about {rng.choice(TOPICS)}, with names, places and numbers."
+            for _ in range(n)]
+    articles = complete(model, tokenizer, [chat_prefix(tokenizer, a) for a in asks], 160, sample=True)
+    return asks, [a for a in articles if len(a) > 300]
+
+
+def factual_questions(model, tokenizer, n: int) -> list[str]:
+    """Short open-domain questions (Natural-Questions style), written by the target from a seeded user turn."""
+    prefix = chat_prefix(tokenizer, None) + "Quick question: who"
+    raw = complete(model, tokenizer, [prefix] * int(n * 1.5), 24, sample=True)
+    seen, out = set(), []
+    for text in raw:
+        text = "Who" + text.split("<|im_end|>")[0].split("\n")[0].rstrip()
+        if text.endswith("?") and len(text) > 15 and text not in seen:
+            seen.add(text)
+            out.append(text)
+    return out[:n]
+
+
+def build_round2(shared: Path, model, tokenizer, seed: int) -> list[dict]:
+    """A second, disjoint prompt mix (the round-1 pools after their first MIX items; see MIX2)."""
+    rng = random.Random(seed)
+    first = random.Random(0)  # replay round 1's shuffles to skip exactly the items it used
+    gsm = read_json(shared / "gsm8k/train.jsonl")
+    code = read_json(shared / "gpteacher/codegen-instruct.json")
+    role = read_json(shared / "gpteacher/roleplay-instruct.json")
+    for pool in (gsm, code, role):
+        first.shuffle(pool)
+    used_gsm = MIX["gsm8k"] + MIX["translation"]
+    rows = [("gsm8k", q["question"]) for q in gsm[used_gsm : used_gsm + MIX2["gsm8k"]]]
+    rows += [("codegen", with_input(r)) for r in code[MIX["codegen"] : MIX["codegen"] + MIX2["codegen"]]]
+    used_role = MIX["roleplay"] + MIX["summarize"] + MIX["rag"] + 200  # generous: passages came from here
+    rows += [("roleplay", with_input(r)) for r in role[used_role : used_role + MIX2["roleplay"]]]
+    start = used_gsm + MIX2["gsm8k"]
+    sentences = [first_sentence(q["question"]) for q in gsm[start : start + MIX2["translation"] // 2]]
+    sentences += [first_sentence(r["instruction"]) for r in code[-(MIX2["translation"] // 2):]]
+    rows += [("translation", t) for t in translations(model, tokenizer, sentences, rng)]
+    # each article serves one summarization and (for a third of them) also one reading-comprehension prompt
+    asks, articles = news_articles(model, tokenizer, MIX2["summarize"] + MIX2["rag"] // 3, rng)
+    rows += [("news", a) for a in asks[: MIX2["news"]]]
+    lead = ("Summarize: ", "Summarize the following article.\n\n", "Write a one-paragraph summary:\n\n")
+    rows += [("summarize", f"{rng.choice(lead)}{a}") for a in articles[: MIX2["summarize"]]]
+    questions = ("Who is involved and what happened?", "When and where did it happen?",
+                 "What numbers are reported?", "Why does it matter, according to the text?")
+    rows += [("rag", f"{a}\n\nAnswer using the text above: {rng.choice(questions)}")
+             for a in articles[-MIX2["rag"]:]]
+    rows += [("qa", q) for q in factual_questions(model, tokenizer, MIX2["qa"])]
+    rows += [("magpie", p) for p in magpie(model, tokenizer, MIX2["magpie"])]
+    rng.shuffle(rows)
+    return [{"prompt": p, "source": s} for s, p in rows]
+
+
 def build(shared: Path, model, tokenizer, seed: int) -> list[dict]:
     rng = random.Random(seed)
     gsm = read_json(shared / "gsm8k/train.jsonl")
@@ -112,10 +177,11 @@ def main() -> None:
     parser.add_argument("--shared", type=Path, default=Path("../shared/data"))
     parser.add_argument("--out", type=Path, default=Path("data/train_prompts.jsonl"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--round", type=int, choices=(1, 2), default=1, help="2: the second, disjoint mix")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     model, tokenizer = load_target("smollm2")
-    rows = build(args.shared, model, tokenizer, args.seed)
+    rows = (build if args.round == 1 else build_round2)(args.shared, model, tokenizer, args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     print(f"wrote {len(rows)} prompts to {args.out}")
