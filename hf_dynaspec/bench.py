@@ -55,6 +55,8 @@ class Record:
     shortlist_total: int = 0
     shortlist_positions: int = 0
     draft_s: float = 0.0
+    router_s: float = 0.0
+    head_s: float = 0.0
     verify_s: float = 0.0
     recall_hits: int = 0
     recall_checks: int = 0
@@ -71,6 +73,8 @@ class Summary:
     mean_shortlist_size: float
     shortlist_recall: float | None
     draft_share: float
+    router_share: float
+    head_share: float
     verify_share: float
     mismatches: int
     prompts: int
@@ -191,6 +195,7 @@ def bench_prompt(target, tokenizer, drafter, row: dict, methods: list[str], max_
             rec.shortlist_total, rec.shortlist_positions = stats.shortlist_total, stats.shortlist_positions
             rec.recall_hits, rec.recall_checks = stats.recall_hits, stats.recall_checks
             rec.draft_s, rec.verify_s = stats.draft_time, stats.verify_time
+            rec.router_s, rec.head_s = stats.router_time, stats.head_time
         if not rec.matches_plain:
             tqdm.write(f"MISMATCH: {method} differs from plain greedy on {row['question_id']}")
         out.append(rec)
@@ -216,6 +221,8 @@ def summarize(records: list[Record]) -> list[Summary]:
             mean_shortlist_size=sum(r.shortlist_total for r in recs) / max(1, sum(r.shortlist_positions for r in recs)),
             shortlist_recall=(sum(r.recall_hits for r in recs) / checks) if (checks := sum(r.recall_checks for r in recs)) else None,
             draft_share=sum(r.draft_s for r in recs) / max(seconds, 1e-9),
+            router_share=sum(r.router_s for r in recs) / max(seconds, 1e-9),
+            head_share=sum(r.head_s for r in recs) / max(seconds, 1e-9),
             verify_share=sum(r.verify_s for r in recs) / max(seconds, 1e-9),
             mismatches=sum(not r.matches_plain for r in recs),
             prompts=len(recs),
@@ -233,7 +240,7 @@ def summarize(records: list[Record]) -> list[Summary]:
 
 def markdown_table(summaries: list[Summary]) -> str:
     head = ("| category | method | tok/s | speedup | vs full | vs static | accepted length | recovery vs full | "
-            "shortlist | recall | draft % | verify % | mismatches |")
+            "shortlist | recall | draft % (router, head) | verify % | mismatches |")
     rows = [head, "|" + "---|" * 13]
 
     def fmt(value: float | None, spec: str) -> str:
@@ -245,7 +252,8 @@ def markdown_table(summaries: list[Summary]) -> str:
             f"| {s.category} | {s.method} | {s.tokens_per_s:.1f} | {s.speedup:.2f}x | "
             f"{fmt(x.get('speedup_vs_full'), '.2f')} | {fmt(x.get('speedup_vs_static'), '.2f')} | "
             f"{s.mean_accepted_length:.2f} | {fmt(x.get('recovery_vs_full'), '.1%')} | {s.mean_shortlist_size:.0f} | "
-            f"{fmt(s.shortlist_recall, '.1%')} | {s.draft_share:.0%} | {s.verify_share:.0%} | {s.mismatches} |"
+            f"{fmt(s.shortlist_recall, '.1%')} | {s.draft_share:.0%} ({s.router_share:.1%}, {s.head_share:.0%}) | "
+            f"{s.verify_share:.0%} | {s.mismatches} |"
         )
     return "\n".join(rows)
 

@@ -127,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seq-len", type=int, default=256)
     train.add_argument("--unroll", type=int, default=1,
                        help="draft steps trained per position on the drafter's own features (2-3: better depth >= 2)")
+    train.add_argument("--head-positions", type=int, default=256,
+                       help="positions per draft step whose full-vocabulary logits enter the CE loss")
     train.add_argument("--no-resume", action="store_true")
     train.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     train.set_defaults(func=cmd_train)
@@ -253,7 +255,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     target, _ = load_target(args.target, prefer_gguf=not args.no_gguf)
     drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target)
     result = train_drafter(drafter, target, args.data, args.steps, args.lr, args.batch_size, args.seq_len,
-                           args.ckpt_dir, resume=not args.no_resume, unroll=args.unroll)
+                           args.ckpt_dir, resume=not args.no_resume, unroll=args.unroll,
+                           head_positions=args.head_positions)
     ev = result["eval"]
     recall = ", ".join(f"k={k}: {v:.2f}" for k, v in ev["router_recall"].items())
     depths = " / ".join(f"{v:.3f}" for v in ev["top1_at_depth"])

@@ -9,6 +9,8 @@ The shortlist of a position is the union of its top-k clusters (k from the depth
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
@@ -18,6 +20,7 @@ class ClusterRouter(nn.Module):
 
     def __init__(self, hidden_size: int, router_hidden_size: int, num_clusters: int) -> None:
         super().__init__()
+        self.seconds = 0.0  # wall time of CPU calls (a CUDA side-stream call overlaps the layer: not counted)
         self.up = nn.Linear(hidden_size, router_hidden_size)
         self.act = nn.ReLU()
         self.down = nn.Linear(router_hidden_size, num_clusters)
@@ -47,7 +50,11 @@ def run_router_beside(
     """Run `router(features)` and `layer_fn(*layer_args, **layer_kwargs)`; on CUDA the router runs on a side
     stream so its cost hides behind the decoder layer. Returns (router_logits, layer_output)."""
     if not features.is_cuda:
-        return router(features), layer_fn(*layer_args, **layer_kwargs)
+        start = time.perf_counter()
+        router_logits = router(features)
+        if hasattr(router, "seconds"):
+            router.seconds += time.perf_counter() - start
+        return router_logits, layer_fn(*layer_args, **layer_kwargs)
     main = torch.cuda.current_stream(features.device)
     side = _side_stream(features.device)
     side.wait_stream(main)  # features are ready on the main stream

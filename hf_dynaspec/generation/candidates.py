@@ -70,13 +70,14 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
     @torch.no_grad()
     def get_candidates(self, input_ids: torch.LongTensor, max_depth: int | None = None, **kwargs):
         """Draft a tree rooted at input_ids[0, -1]; returns (committed ids + tree nodes, None)."""
-        start = time.perf_counter()
+        start, router_start = time.perf_counter(), self.drafter.router.seconds
         depth = self.settings.draft_depth if max_depth is None else max_depth
         self._pool = DraftTree(root_token=int(input_ids[0, -1]))
         self._features, self._slots = {0: self._root_feature}, {}
         self.tree = grow_tree(self._pool, self.expand, self.settings, depth)
         crop_cache(self.cache, self.committed)
         self.stats.draft_time += time.perf_counter() - start
+        self.stats.router_time += self.drafter.router.seconds - router_start
         nodes = self.tree.tokens[1:].to(input_ids.device)[None]
         return torch.cat([input_ids, nodes], dim=-1), None
 
@@ -138,7 +139,9 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             ],
             device=features.device,
         )
+        start = time.perf_counter()
         head = self.drafter.bound_head.logits(features, settings.head_mode, router_logits, budget)
+        self.stats.head_time += time.perf_counter() - start
         self.stats.add_shortlist(head.shortlist_sizes)
         if depths == [0]:
             self._root_shortlist = head.token_ids[torch.isfinite(head.logits[0])]

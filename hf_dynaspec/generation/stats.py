@@ -21,7 +21,9 @@ class SpeculativeStats:
     accepted_lengths: list[int] = field(default_factory=list)
     shortlist_total: int = 0
     shortlist_positions: int = 0
-    draft_time: float = 0.0
+    draft_time: float = 0.0  # drafter layer + router + shortlisted head + tree bookkeeping
+    router_time: float = 0.0  # of draft_time: the router MLP (CPU; on CUDA it overlaps the drafter layer)
+    head_time: float = 0.0  # of draft_time: cluster selection + shortlisted (gathered) LM head
     verify_time: float = 0.0
     prefill_time: float = 0.0
     tree_sizes: list[int] = field(default_factory=list)
@@ -60,6 +62,8 @@ class SpeculativeStats:
             "shortlist_recall": self.shortlist_recall,
             "mean_tree_size": sum(self.tree_sizes) / max(1, len(self.tree_sizes)),
             "draft_time_s": self.draft_time,
+            "router_time_s": self.router_time,
+            "head_time_s": self.head_time,
             "verify_time_s": self.verify_time,
             "prefill_time_s": self.prefill_time,
         }
