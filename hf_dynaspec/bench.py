@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -146,10 +147,11 @@ def run_method(target, drafter, method: str, input_ids: torch.Tensor, max_new_to
 
 def run_bench(
     target, tokenizer, drafter, prompts: list[dict], methods: Iterable[str], max_new_tokens: int,
-    warmup: int = 1, records_path: str | Path | None = None,
+    warmup: int = 1, records_path: str | Path | None = None, repeats: int = 1,
 ) -> list[Record]:
-    """Every method on every prompt. With `records_path` (JSONL), records are appended as they come and the
-    prompts already there (all methods done) are skipped: a stopped run resumes."""
+    """Every method on every prompt, timed `repeats` times (the median counts). With `records_path` (JSONL),
+    records are appended as they come and the prompts already there (all methods done) are skipped: a stopped
+    run resumes."""
     methods = list(methods)
     for method in methods:
         method_settings(method)  # fail fast on a bad name
@@ -161,7 +163,7 @@ def run_bench(
         for method in methods:
             run_method(target, drafter, method, encode_prompt(tokenizer, row["prompt"]), 8)
     for row in tqdm(todo, desc="bench", unit="prompt", initial=len(prompts) - len(todo), total=len(prompts)):
-        rows = bench_prompt(target, tokenizer, drafter, row, methods, max_new_tokens)
+        rows = bench_prompt(target, tokenizer, drafter, row, methods, max_new_tokens, repeats)
         records += rows
         if records_path is not None:
             with open(records_path, "a") as file:
@@ -181,12 +183,17 @@ def load_records(path: str | Path | None, methods: list[str]) -> tuple[list[Reco
     return [r for r in records if r.question_id in done and r.method in methods], done
 
 
-def bench_prompt(target, tokenizer, drafter, row: dict, methods: list[str], max_new_tokens: int) -> list[Record]:
-    """One prompt through every method ("plain" first), each output checked against plain greedy."""
+def bench_prompt(
+    target, tokenizer, drafter, row: dict, methods: list[str], max_new_tokens: int, repeats: int = 1
+) -> list[Record]:
+    """One prompt through every method ("plain" first), each output checked against plain greedy; the
+    median of `repeats` timings counts (outputs and stats of greedy runs are the same every time)."""
     input_ids = encode_prompt(tokenizer, row["prompt"])
     plain, out = None, []
     for method in methods:
-        seq, seconds, stats = run_method(target, drafter, method, input_ids, max_new_tokens)
+        timings = [run_method(target, drafter, method, input_ids, max_new_tokens) for _ in range(max(1, repeats))]
+        seq, _, stats = timings[-1]
+        seconds = statistics.median(t[1] for t in timings)
         plain = seq if method == "plain" else plain
         rec = Record(method, row["category"], row["question_id"], seconds, seq.shape[1] - input_ids.shape[1])
         rec.matches_plain = bool(torch.equal(seq, plain))
@@ -264,7 +271,8 @@ def write_results(records: list[Record], out_dir: str | Path, meta: dict) -> lis
     summaries = summarize(records)
     payload = {"meta": meta, "summaries": [asdict(s) for s in summaries], "records": [asdict(r) for r in records]}
     (out / "results.json").write_text(json.dumps(payload, indent=1))
-    (out / "results.md").write_text(markdown_table(summaries) + "\n")
+    header = "\n".join(f"- {key}: {value}" for key, value in meta.items())
+    (out / "results.md").write_text(f"{header}\n\n{markdown_table(summaries)}\n")
     return summaries
 
 

@@ -14,6 +14,7 @@ local folder works too.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--out", default="bench_results", help="folder for results.json and results.md")
     bench.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    bench.add_argument("--repeats", type=int, default=1, help="time each run this many times, keep the median")
     bench.add_argument("--restart", action="store_true",
                        help="discard OUT/records.jsonl (by default a stopped run resumes from it)")
     bench.set_defaults(func=cmd_bench)
@@ -209,9 +211,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.restart and records_path.exists():
         records_path.unlink()
     records = bench.run_bench(target, tokenizer, drafter, prompts, bench.parse_methods(args.methods),
-                              args.max_new_tokens, records_path=records_path)
+                              args.max_new_tokens, records_path=records_path, repeats=args.repeats)
     meta = {"target": args.target, "drafter": args.drafter, "max_new_tokens": args.max_new_tokens,
-            "threads": torch.get_num_threads(), "prompts": len(prompts)}
+            "threads": torch.get_num_threads(), "prompts": len(prompts), "repeats": args.repeats,
+            "machine": machine_description()}
     summaries = bench.write_results(records, args.out, meta)
     bench.plot_results(summaries, args.out)
     print(bench.markdown_table(summaries))
@@ -219,6 +222,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if mismatches:
         print(f"WARNING: {mismatches} outputs differ from plain greedy", file=sys.stderr)
     return 1 if mismatches else 0
+
+
+def machine_description() -> str:
+    """CPU model, core count, torch version: recorded with every benchmark result."""
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{cpu}, {os.cpu_count()} logical cores{gpu}, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
 def cmd_static(args: argparse.Namespace) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from hf_dynaspec.cli import main
 
 
@@ -67,3 +69,15 @@ def test_method_variants_parse():
     methods = parse_methods("plain,dynaspec[num_draft_nodes=8,tree_policy=dyspec],full")
     assert methods == ["plain", "dynaspec[num_draft_nodes=8,tree_policy=dyspec]", "full"]
     assert method_settings(methods[1]) == {"head_mode": "dynamic", "num_draft_nodes": 8, "tree_policy": "dyspec"}
+
+
+def test_bench_keeps_the_median_of_repeats(monkeypatch):
+    from hf_dynaspec import bench
+
+    times = iter([3.0, 1.0, 2.0, 5.0, 4.0, 9.0])
+    seq = torch.ones(1, 6, dtype=torch.long)
+    monkeypatch.setattr(bench, "encode_prompt", lambda tokenizer, prompt: seq[:, :2])
+    monkeypatch.setattr(bench, "run_method", lambda *args: (seq, next(times), None))
+    row = {"question_id": "q", "category": "c", "prompt": "p"}
+    plain, lookup = bench.bench_prompt(None, None, None, row, ["plain", "prompt-lookup"], 4, repeats=3)
+    assert (plain.seconds, lookup.seconds) == (2.0, 5.0) and plain.new_tokens == 4 and lookup.matches_plain
