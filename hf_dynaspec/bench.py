@@ -124,8 +124,18 @@ def method_settings(method: str) -> dict | None:
     extra = {}
     for item in params.rstrip("]").split(","):
         key, _, value = item.partition("=")
-        extra[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
+        extra[key.strip()] = parse_value(value.strip())
     return {**settings, **extra}
+
+
+def parse_value(text: str) -> int | float | str:
+    """"8" -> 8, "0.3" -> 0.3, "dyspec" -> "dyspec"."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 @torch.no_grad()

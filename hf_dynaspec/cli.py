@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .generation.config import HEAD_MODES, TREE_POLICIES, DynaSpecGenerationConfig
+from .generation.config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecGenerationConfig
 from .modeling import DynaSpecDrafter
 from .targets import encode_prompt, load_target
 
@@ -148,6 +148,8 @@ def _add_speculative(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-depth", type=int, default=None)
     parser.add_argument("--draft-top-k", type=int, default=None)
     parser.add_argument("--head-mode", choices=HEAD_MODES, default=None)
+    parser.add_argument("--min-draft-prob", type=float, default=None,
+                        help="drop drafts whose path probability is below this (0: off)")
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -287,8 +289,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target).eval()
     fields = {
         name: getattr(args, name)
-        for name in ("tree_policy", "num_draft_nodes", "draft_depth", "draft_top_k", "head_mode")
-        if getattr(args, name) is not None
+        for name in SPEC_FIELDS
+        if getattr(args, name, None) is not None
     }
     config = DynaSpecGenerationConfig(
         **fields, max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True

@@ -33,6 +33,27 @@ def test_greedy_matches_plain_greedy(target, drafter, policy, head_mode, nodes, 
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("policy", ["eagle2", "dyspec", "chain"])
+@pytest.mark.parametrize("min_draft_prob", [0.02, 0.2, 0.9])
+def test_path_probability_floor_keeps_greedy_exact(target, drafter, policy, min_draft_prob):
+    ids = prompt(7)
+    config = DynaSpecGenerationConfig(tree_policy=policy, num_draft_nodes=12, draft_depth=5, draft_top_k=3,
+                                      min_draft_prob=min_draft_prob, max_new_tokens=24, do_sample=False,
+                                      return_dict_in_generate=True)
+    out = target.generate(ids, generation_config=config, assistant_model=drafter)
+    assert torch.equal(out.sequences, greedy(target, ids, max_new_tokens=24))
+    full = target.generate(ids, generation_config=DynaSpecGenerationConfig(
+        tree_policy=policy, num_draft_nodes=12, draft_depth=5, draft_top_k=3, max_new_tokens=24, do_sample=False,
+        return_dict_in_generate=True), assistant_model=drafter)
+    sizes, unfloored = out.speculative_stats.tree_sizes, full.speculative_stats.tree_sizes
+    assert sum(sizes) / len(sizes) < sum(unfloored) / len(unfloored)  # the floor prunes an untrained drafter
+
+
+def test_min_draft_prob_is_validated():
+    with pytest.raises(ValueError, match="min_draft_prob"):
+        DynaSpecGenerationConfig(min_draft_prob=1.0)
+
+
 def test_drafter_defaults_and_stats(target, drafter):
     ids = prompt(5, seed=3)
     out = speculative(target, drafter, ids, max_new_tokens=16, return_dict_in_generate=True, output_scores=True)

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from contextlib import ExitStack
 from dataclasses import dataclass
 from unittest import mock
@@ -54,6 +55,7 @@ class Case:
     depth: int
     top_k: int
     head_mode: str
+    min_draft_prob: float
     eos: int | None
     max_new_tokens: int
     oracle: bool
@@ -83,6 +85,7 @@ def cases(draw: st.DrawFn, oracle: bool | None = None) -> Case:
         depth=draw(st.integers(1, 8)),
         top_k=draw(st.integers(1, 8)),
         head_mode=draw(st.sampled_from(HEAD_MODES)),
+        min_draft_prob=draw(st.sampled_from([0.0, 0.0, 0.05, 0.3])),
         eos=draw(st.none() | st.integers(0, vocab_size - 1)),
         max_new_tokens=draw(st.integers(1, 30)),
         oracle=draw(st.booleans()) if oracle is None else oracle,
@@ -120,6 +123,7 @@ def speculative_greedy(case: Case) -> tuple[torch.Tensor, list[str]]:
     config = DynaSpecGenerationConfig(
         tree_policy=case.policy, num_draft_nodes=case.nodes, draft_depth=case.depth, draft_top_k=case.top_k,
         head_mode=case.head_mode, max_new_tokens=case.max_new_tokens, eos_token_id=case.eos, do_sample=False,
+        min_draft_prob=case.min_draft_prob,
     )
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(decoding, "speculative_step", step_spy))
@@ -189,8 +193,9 @@ def random_expand(seed: int, vocab_size: int, top_k: int, p_impossible: float) -
     return expand
 
 
-def draft_settings(policy: str, nodes: int, depth: int, top_k: int) -> DraftSettings:
-    call = DynaSpecGenerationConfig(tree_policy=policy, num_draft_nodes=nodes, draft_depth=depth, draft_top_k=top_k)
+def draft_settings(policy: str, nodes: int, depth: int, top_k: int, min_prob: float = 0.0) -> DraftSettings:
+    call = DynaSpecGenerationConfig(tree_policy=policy, num_draft_nodes=nodes, draft_depth=depth, draft_top_k=top_k,
+                                    min_draft_prob=min_prob)
     return resolve_draft_settings(call, None, NUM_CLUSTERS)
 
 
@@ -198,7 +203,8 @@ def draft_settings(policy: str, nodes: int, depth: int, top_k: int) -> DraftSett
 def random_trees(draw: st.DrawFn) -> tuple[VerifyTree, DraftSettings, int]:
     """(tree, settings, max_depth) from grow_tree with a random expand function."""
     settings_ = draft_settings(
-        draw(st.sampled_from(POLICIES)), draw(st.integers(1, 64)), draw(st.integers(1, 8)), draw(st.integers(1, 8))
+        draw(st.sampled_from(POLICIES)), draw(st.integers(1, 64)), draw(st.integers(1, 8)), draw(st.integers(1, 8)),
+        draw(st.sampled_from([0.0, 0.01, 0.2, 0.6])),
     )
     max_depth = draw(st.integers(0, 10))
     expand = random_expand(draw(st.integers(0, 2**31)), 40, settings_.draft_top_k, draw(st.sampled_from([0, 0.3])))
@@ -226,6 +232,8 @@ def test_grown_tree_is_well_formed(drawn: tuple[VerifyTree, DraftSettings, int])
         assert tree.children[i] == [c for c in range(n) if int(tree.parents[c]) == i]
     if settings_.tree_policy == "chain":
         assert all(len(c) <= 1 for c in tree.children)
+    if settings_.min_draft_prob > 0:  # no verified draft is less likely than the floor
+        assert bool((tree.log_q[1:] >= math.log(settings_.min_draft_prob)).all())
 
 
 @settings(max_examples=300, deadline=None)

@@ -25,10 +25,11 @@ SPEC_FIELDS = (
     "head_mode",
     "shortlist_k0",
     "shortlist_k1",
+    "min_draft_prob",
 )
 # Default tree for CPUs (small: verification of many nodes is costly there; see docs/architecture.md).
 DEFAULT_SETTINGS = dict(
-    tree_policy="eagle2", num_draft_nodes=12, draft_depth=5, draft_top_k=4, head_mode="dynamic"
+    tree_policy="eagle2", num_draft_nodes=12, draft_depth=5, draft_top_k=4, head_mode="dynamic", min_draft_prob=0.0
 )
 
 
@@ -45,6 +46,9 @@ class DynaSpecGenerationConfig(GenerationConfig):
         head_mode (`str`): drafter head: "dynamic" (router shortlist), "full" (whole vocabulary) or "static".
         shortlist_k0 / shortlist_k1 (`int`): clusters kept at the first / deepest draft position
             (default: the drafter config's).
+        min_draft_prob (`float`): drafts whose path probability q(path) (the product of the draft
+            probabilities from the root) falls below this are neither verified nor expanded, so the tree
+            shrinks where the drafter is unsure (0: off). Verification stays exact whatever the value.
     """
 
     def __init__(
@@ -56,6 +60,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         head_mode: str | None = None,
         shortlist_k0: int | None = None,
         shortlist_k1: int | None = None,
+        min_draft_prob: float | None = None,
         **kwargs: Any,
     ) -> None:
         self.tree_policy = tree_policy
@@ -65,6 +70,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         self.head_mode = head_mode
         self.shortlist_k0 = shortlist_k0
         self.shortlist_k1 = shortlist_k1
+        self.min_draft_prob = min_draft_prob
         super().__init__(**kwargs)
 
     def speculative_fields(self) -> dict[str, Any]:
@@ -87,6 +93,7 @@ class DraftSettings:
     head_mode: str
     shortlist_k0: int
     shortlist_k1: int
+    min_draft_prob: float = 0.0
 
 
 def check_speculative_fields(fields: dict[str, Any]) -> None:
@@ -100,6 +107,9 @@ def check_speculative_fields(fields: dict[str, Any]) -> None:
         "shortlist_k1": (1, 1 << 20),
     }
     for name, value in fields.items():
+        if name == "min_draft_prob" and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                         or not 0.0 <= value < 1.0):
+            raise ValueError(f"DynaSpecGenerationConfig.min_draft_prob must be a number in [0, 1), got {value!r}.")
         if name in choices and value not in choices[name]:
             raise ValueError(f"DynaSpecGenerationConfig.{name} must be one of {choices[name]}, got {value!r}.")
         if name in ranges:

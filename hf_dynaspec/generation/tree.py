@@ -8,7 +8,9 @@ Two policies share one node pool (`DraftTree`) and one drafter primitive, `expan
 - "dyspec": a max-heap of candidate paths scored by q(path), an estimate of the chance the target accepts the
   whole path; the best candidates are moved into the tree and expanded, `draft_top_k` per drafter call, until
   the budget is spent (DySpec's greedy expansion, batched to one drafter call per round).
-A chain is eagle2 with k = 1. `VerifyTree` is the compact result: root (the last committed token) at 0,
+A chain is eagle2 with k = 1. With `min_draft_prob` p > 0, both policies drop (never verify, never expand)
+drafts with q(path) < p: q only falls along a path, so no descendant of a dropped node could pass.
+`VerifyTree` is the compact result: root (the last committed token) at 0,
 parents before children, with the ancestor matrix that becomes the tree attention mask.
 
     python -m pytest tests/test_tree.py -q
@@ -17,6 +19,7 @@ parents before children, with the ancestor matrix that becomes the tree attentio
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -71,7 +74,8 @@ class VerifyTree:
     """Compact tree for verification. Index 0 is the root; parents precede children.
 
     tokens (n,), parents (n,) with parents[0] = -1, depths (n,), ancestor (n, n) bool with
-    ancestor[i, j] = j is i or an ancestor of i; children[i]: child indices in decreasing draft score.
+    ancestor[i, j] = j is i or an ancestor of i; children[i]: child indices in decreasing draft score;
+    log_q (n,): each node's path log-probability under the drafter (0 at the root).
     """
 
     tokens: torch.Tensor
@@ -79,6 +83,7 @@ class VerifyTree:
     depths: torch.Tensor
     ancestor: torch.Tensor
     children: list[list[int]]
+    log_q: torch.Tensor
 
     @property
     def num_nodes(self) -> int:
@@ -103,23 +108,29 @@ def grow_tree(tree: DraftTree, expand: Expand, settings: DraftSettings, max_dept
     return compact(tree, _grow_eagle2(tree, expand, settings, depth))
 
 
+def min_log_q(settings: DraftSettings) -> float:
+    """log of the path-probability floor (-inf when off)."""
+    return math.log(settings.min_draft_prob) if settings.min_draft_prob > 0 else float("-inf")
+
+
 def _grow_eagle2(tree: DraftTree, expand: Expand, settings: DraftSettings, depth: int) -> list[int]:
-    k = settings.draft_top_k
+    k, floor = settings.draft_top_k, min_log_q(settings)
     frontier = [0]
     for _ in range(depth):
         tokens, logp = expand(frontier)  # (F, k) each
-        layer = tree.add_children(frontier, tokens, logp)
+        layer = [n for n in tree.add_children(frontier, tokens, logp) if tree.scores[n] >= floor]
         # keep the k best of the new layer (by cumulative log-probability) for the next expansion
         frontier = sorted(layer, key=lambda n: -tree.scores[n])[:k]
         if not frontier:
             break
     # global re-rank; ties go to the shallower node so that a parent always precedes its children
-    ranked = sorted(range(1, len(tree.tokens)), key=lambda n: (-tree.scores[n], tree.depths[n]))
+    kept = [n for n in range(1, len(tree.tokens)) if tree.scores[n] >= floor]
+    ranked = sorted(kept, key=lambda n: (-tree.scores[n], tree.depths[n]))
     return [0, *_close_under_ancestors(tree, ranked[: settings.num_draft_nodes])]
 
 
 def _grow_dyspec(tree: DraftTree, expand: Expand, settings: DraftSettings, depth: int) -> list[int]:
-    budget, width = settings.num_draft_nodes, settings.draft_top_k
+    budget, width, floor = settings.num_draft_nodes, settings.draft_top_k, min_log_q(settings)
     selected = [0]
     heap: list[tuple[float, int]] = []  # (-log q(path), node): a max-heap on q(path)
     frontier = [0]
@@ -127,7 +138,8 @@ def _grow_dyspec(tree: DraftTree, expand: Expand, settings: DraftSettings, depth
         if frontier:
             tokens, logp = expand(frontier)
             for node in tree.add_children(frontier, tokens, logp):
-                heapq.heappush(heap, (-tree.scores[node], node))
+                if tree.scores[node] >= floor:
+                    heapq.heappush(heap, (-tree.scores[node], node))
         room = budget - (len(selected) - 1)
         if room <= 0 or not heap:
             return selected
@@ -166,4 +178,5 @@ def compact(tree: DraftTree, selected: list[int]) -> VerifyTree:
         depths=torch.tensor([tree.depths[m] for m in order], dtype=torch.long),
         ancestor=ancestor,
         children=children,
+        log_q=torch.tensor([tree.scores[m] for m in order], dtype=torch.float64),
     )

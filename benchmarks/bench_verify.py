@@ -1,0 +1,64 @@
+"""Cost of one target forward over n draft tokens on top of a cache (the verification step), per n.
+
+Speculative decoding pays one target forward over the root + n - 1 draft nodes per step; on CPU its cost is
+not flat in n, so the best tree size depends on where it bends. Prints ms per forward and the ratio to n = 1
+(each number: the median of `--repeats` runs, the cache cropped back after each run).
+
+    python benchmarks/bench_verify.py --target tiny --max-nodes 6 --context 64
+    python benchmarks/bench_verify.py --target smollm2 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import DynamicCache
+
+from hf_dynaspec.modeling import causal_mask
+from hf_dynaspec.targets import load_target
+
+
+@torch.no_grad()
+def time_forward(target, cache: DynamicCache, context: int, n: int, repeats: int) -> float:
+    """Median seconds of a causal target forward over n new tokens after `context` cached ones."""
+    ids = torch.randint(0, target.config.vocab_size, (1, n))
+    mask = causal_mask(n, context, target.dtype, target.device)  # (1, 1, n, context + n), as verification
+    positions = torch.arange(context, context + n)[None]
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+               output_hidden_states=True)
+        times.append(time.perf_counter() - start)
+        for layer in cache.layers:  # drop the n tokens again
+            layer.keys, layer.values = layer.keys[:, :, :context], layer.values[:, :, :context]
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="smollm2")
+    parser.add_argument("--context", type=int, default=300)
+    parser.add_argument("--max-nodes", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, _ = load_target(args.target)
+    cache = DynamicCache()
+    with torch.no_grad():
+        target(input_ids=torch.randint(0, target.config.vocab_size, (1, args.context)), cache=cache, use_cache=True)
+    base = time_forward(target, cache, args.context, 1, args.repeats)
+    print(f"target {args.target}, context {args.context}, {torch.get_num_threads()} threads")
+    print("| n tokens | ms | x (n = 1) |\n|---|---|---|")
+    for n in range(1, args.max_nodes + 1):
+        seconds = time_forward(target, cache, args.context, n, args.repeats)
+        print(f"| {n} | {seconds * 1e3:.1f} | {seconds / base:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
