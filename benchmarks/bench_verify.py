@@ -2,7 +2,8 @@
 
 Speculative decoding pays one target forward over the root + n - 1 draft nodes per step; on CPU its cost is
 not flat in n, so the best tree size depends on where it bends. Prints ms per forward and the ratio to n = 1
-(each number: the median of `--repeats` runs, the cache cropped back after each run).
+for the weights as loaded and re-laid by `hf_dynaspec.prepare_for_cpu` (each number: the median of
+`--repeats` runs, the cache cropped back after each run).
 
     python benchmarks/bench_verify.py --target tiny --max-nodes 6 --context 64
     python benchmarks/bench_verify.py --target smollm2 --threads 2
@@ -17,6 +18,7 @@ import time
 import torch
 from transformers import DynamicCache
 
+from hf_dynaspec.cpu import prepare_for_cpu
 from hf_dynaspec.modeling import causal_mask
 from hf_dynaspec.targets import load_target
 
@@ -52,12 +54,14 @@ def main() -> None:
     cache = DynamicCache()
     with torch.no_grad():
         target(input_ids=torch.randint(0, target.config.vocab_size, (1, args.context)), cache=cache, use_cache=True)
-    base = time_forward(target, cache, args.context, 1, args.repeats)
-    print(f"target {args.target}, context {args.context}, {torch.get_num_threads()} threads")
-    print("| n tokens | ms | x (n = 1) |\n|---|---|---|")
-    for n in range(1, args.max_nodes + 1):
-        seconds = time_forward(target, cache, args.context, n, args.repeats)
-        print(f"| {n} | {seconds * 1e3:.1f} | {seconds / base:.2f} |")
+    sizes = range(1, args.max_nodes + 1)
+    loaded = [time_forward(target, cache, args.context, n, args.repeats) for n in sizes]
+    prepare_for_cpu(target)
+    relaid = [time_forward(target, cache, args.context, n, args.repeats) for n in sizes]
+    print(f"target {args.target}, context {args.context}, {torch.get_num_threads()} threads, {target.dtype}")
+    print("| n tokens | as loaded: ms | x (n = 1) | re-laid: ms | x (n = 1, as loaded) |\n|---|---|---|---|---|")
+    for n, a, b in zip(sizes, loaded, relaid):
+        print(f"| {n} | {a * 1e3:.1f} | {a / loaded[0]:.2f} | {b * 1e3:.1f} | {b / loaded[0]:.2f} |")
 
 
 if __name__ == "__main__":

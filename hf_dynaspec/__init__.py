@@ -6,6 +6,7 @@
 """
 
 from .configuration import DynaSpecConfig
+from .cpu import prepare_for_cpu
 from .generation import DynaSpecGenerateOutput, DynaSpecGenerationConfig, SpeculativeStats
 from .generation.candidates import DynaSpecCandidateGenerator
 from .generation.hook import install as _install_generate_hook
@@ -25,5 +26,6 @@ __all__ = [
     "DynaSpecGenerationConfig",
     "SpeculativeStats",
     "gathered_lm_head",
+    "prepare_for_cpu",
     "__version__",
 ]

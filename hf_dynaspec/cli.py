@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from .cpu import is_prepared_for_cpu, prepare_for_cpu
 from .generation.config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecGenerationConfig
 from .modeling import DynaSpecDrafter
 from .targets import encode_prompt, load_target
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.set_defaults(func=cmd_init)
 
     gen = sub.add_parser("generate", help="generate with plain greedy and with DynaSpec, compare")
-    _add_target(gen)
+    _add_decoding_target(gen)
     gen.add_argument("--drafter", required=True, help="drafter folder or Hub id")
     gen.add_argument("--prompt", action="append", required=True, help="may be given several times")
     gen.add_argument("--max-new-tokens", type=int, default=64)
@@ -79,14 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     push.set_defaults(func=cmd_push)
 
     demo = sub.add_parser("demo", help="SmolLM2 + the shipped drafter, offline: plain greedy vs DynaSpec")
-    _add_target(demo)
+    _add_decoding_target(demo)
     demo.add_argument("--drafter", default=None, help=f"default: {SHIPPED_DRAFTER}")
     demo.add_argument("--max-new-tokens", type=int, default=96)
     demo.add_argument("--prompt", action="append", default=None, help="replace the demo prompts")
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="every method side by side on Spec-Bench (or --prompts FILE.jsonl)")
-    _add_target(bench)
+    _add_decoding_target(bench)
     bench.add_argument("--drafter", required=True, help="drafter folder or Hub id")
     bench.add_argument("--prompts", default=None, help="JSONL with `turns` or `prompt` (default: Spec-Bench)")
     bench.add_argument("--limit", type=int, default=None, help="prompts per category")
@@ -137,6 +138,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def load_models(args: argparse.Namespace, drafter_path: str | Path):
+    """(target, tokenizer, drafter bound to it) for decoding commands; on CPU, Linear weights are re-laid for
+    BLAS's fast small-batch path (`hf_dynaspec.cpu.prepare_for_cpu`) unless --keep-layout."""
+    target, tokenizer = load_target(args.target, prefer_gguf=not args.no_gguf)
+    drafter = DynaSpecDrafter.from_pretrained(drafter_path)
+    if not getattr(args, "keep_layout", True) and target.device.type == "cpu":
+        prepare_for_cpu(target)
+        prepare_for_cpu(drafter)
+    return target, tokenizer, drafter.bind(target).eval()
+
+
+def _add_decoding_target(parser: argparse.ArgumentParser) -> None:
+    _add_target(parser)
+    parser.add_argument("--keep-layout", action="store_true",
+                        help="keep the target's Linear weight layout (default on CPU: re-lay them for speed)")
+
+
 def _add_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="smollm2", help="'smollm2' (offline GGUF), 'tiny', or a Hub id/dir")
     parser.add_argument("--no-gguf", action="store_true", help="load SmolLM2 from the Hub, not the GGUF")
@@ -172,8 +190,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     drafter_path = Path(args.drafter) if args.drafter else SHIPPED_DRAFTER
     if args.drafter is None and not (drafter_path / "config.json").is_file():
         raise OSError(f"the shipped drafter is missing at {drafter_path}: pass --drafter PATH_OR_HUB_ID")
-    target, tokenizer = load_target(args.target, prefer_gguf=not args.no_gguf)
-    drafter = DynaSpecDrafter.from_pretrained(drafter_path).bind(target).eval()
+    target, tokenizer, drafter = load_models(args, drafter_path)
     config = DynaSpecGenerationConfig(max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
     return compare(target, tokenizer, drafter, args.prompt or DEMO_PROMPTS, config, chat=True)
 
@@ -206,8 +223,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = bench.load_bench_prompts(args.prompts, args.limit)
-    target, tokenizer = load_target(args.target, prefer_gguf=not args.no_gguf)
-    drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target).eval()
+    target, tokenizer, drafter = load_models(args, args.drafter)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     records_path = Path(args.out) / "records.jsonl"
     if args.restart and records_path.exists():
@@ -216,6 +232,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                               args.max_new_tokens, records_path=records_path, repeats=args.repeats)
     meta = {"target": args.target, "drafter": args.drafter, "max_new_tokens": args.max_new_tokens,
             "threads": torch.get_num_threads(), "prompts": len(prompts), "repeats": args.repeats,
+            "cpu_weight_layout": "re-laid (prepare_for_cpu)" if is_prepared_for_cpu(target) else "as loaded",
             "machine": machine_description()}
     summaries = bench.write_results(records, args.out, meta)
     bench.plot_results(summaries, args.out)
@@ -285,8 +302,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    target, tokenizer = load_target(args.target, prefer_gguf=not args.no_gguf)
-    drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target).eval()
+    target, tokenizer, drafter = load_models(args, args.drafter)
     fields = {
         name: getattr(args, name)
         for name in SPEC_FIELDS
