@@ -139,11 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_models(args: argparse.Namespace, drafter_path: str | Path):
-    """(target, tokenizer, drafter bound to it) for decoding commands; on CPU, Linear weights are re-laid for
-    BLAS's fast small-batch path (`hf_dynaspec.cpu.prepare_for_cpu`) unless --keep-layout."""
+    """(target, tokenizer, drafter bound to it) for decoding commands; with --cpu-layout, Linear weights are
+    re-laid column-major first (`hf_dynaspec.cpu.prepare_for_cpu`)."""
     target, tokenizer = load_target(args.target, prefer_gguf=not args.no_gguf)
     drafter = DynaSpecDrafter.from_pretrained(drafter_path)
-    if not getattr(args, "keep_layout", True) and target.device.type == "cpu":
+    if getattr(args, "cpu_layout", False) and target.device.type == "cpu":
         prepare_for_cpu(target)
         prepare_for_cpu(drafter)
     return target, tokenizer, drafter.bind(target).eval()
@@ -151,8 +151,8 @@ def load_models(args: argparse.Namespace, drafter_path: str | Path):
 
 def _add_decoding_target(parser: argparse.ArgumentParser) -> None:
     _add_target(parser)
-    parser.add_argument("--keep-layout", action="store_true",
-                        help="keep the target's Linear weight layout (default on CPU: re-lay them for speed)")
+    parser.add_argument("--cpu-layout", action="store_true",
+                        help="re-lay the Linear weights column-major (hf_dynaspec.prepare_for_cpu; helps big trees)")
 
 
 def _add_target(parser: argparse.ArgumentParser) -> None:

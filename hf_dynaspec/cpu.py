@@ -7,8 +7,12 @@ on a slow path once a few rows come at a time (measured on a 2-core Xeon, fp32, 
 so the slow path makes each verified draft expensive. `prepare_for_cpu` re-lays each fp32 CPU `nn.Linear`
 weight as the transposed view of a contiguous (in, out) tensor: same shape, same values, same parameter
 sharing (tied embeddings stay tied), only the strides change, so BLAS takes the fast path. Outputs are the
-products of the same numbers; use it for plain and speculative decoding alike (benchmarks apply it to the
-target once, for every method).
+products of the same numbers; use it for plain and speculative decoding alike (`--cpu-layout` in the CLI).
+
+Whole-model effect, SmolLM2-135M fp32 with 2 threads (`benchmarks/bench_verify.py`): a forward over 13
+tokens drops from 78 to 70 ms and over 14 from 81 to 71 ms, but over 2-3 tokens it rises from 38-40 to
+45-48 ms (multi-threaded BLAS splits small products differently). So it is opt-in: it pays for trees of ten
+nodes or more, not for the short chains that are fastest on small CPUs.
 
     python -c "
     from hf_dynaspec.targets import load_target; from hf_dynaspec.cpu import prepare_for_cpu
