@@ -244,15 +244,31 @@ def summarize(records: list[Record]) -> list[Summary]:
             mismatches=sum(not r.matches_plain for r in recs),
             prompts=len(recs),
         ))
-    full = {s.category: s for s in out if s.method == "full"}
-    static = {s.category: s for s in out if s.method == "static"}
-    for s in out:
-        if s.category in full and s.method != "plain":
-            s.extra["recovery_vs_full"] = s.mean_accepted_length / full[s.category].mean_accepted_length
-            s.extra["speedup_vs_full"] = s.tokens_per_s / full[s.category].tokens_per_s
-        if s.category in static and s.method != "plain":
-            s.extra["speedup_vs_static"] = s.tokens_per_s / static[s.category].tokens_per_s
+    compare_heads(out)
     return sorted(out, key=lambda s: (s.category != "overall", s.category, s.method))
+
+
+def compare_heads(summaries: list[Summary]) -> None:
+    """Each drafter method against the same drafter and tree with the full-vocabulary head and with the
+    static shortlist (the methods whose settings differ only in `head_mode`): `speedup_vs_full`,
+    `recovery_vs_full` (accepted length ratio) and `speedup_vs_static`, in `extra`. Methods without that
+    counterpart in the run get no entry."""
+    def key(method: str, category: str, head_mode: str | None = None) -> tuple | None:
+        settings = method_settings(method)
+        if settings is None:
+            return None
+        return category, tuple(sorted({**settings, "head_mode": head_mode or settings["head_mode"]}.items()))
+
+    by_key = {key(s.method, s.category): s for s in summaries}
+    for s in summaries:
+        if key(s.method, s.category) is None:
+            continue
+        full, static = by_key.get(key(s.method, s.category, "full")), by_key.get(key(s.method, s.category, "static"))
+        if full is not None:
+            s.extra["recovery_vs_full"] = s.mean_accepted_length / full.mean_accepted_length
+            s.extra["speedup_vs_full"] = s.tokens_per_s / full.tokens_per_s
+        if static is not None:
+            s.extra["speedup_vs_static"] = s.tokens_per_s / static.tokens_per_s
 
 
 def markdown_table(summaries: list[Summary]) -> str:
