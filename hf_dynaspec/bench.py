@@ -323,10 +323,10 @@ def plot_results(summaries: list[Summary], out_dir: str | Path) -> list[Path]:
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(categories))], categories, rotation=45, ha="right")
         ax.set_ylabel(label)
         ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.6), ncol=2, frameon=False)
         fig.tight_layout()
         path = out / f"{'speedup' if field_name == 'speedup' else 'accepted_length'}.png"
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         paths.append(path)
     fig, ax = plt.subplots(figsize=(5, 4))
@@ -335,12 +335,11 @@ def plot_results(summaries: list[Summary], out_dir: str | Path) -> list[Path]:
             ax.scatter(s.mean_shortlist_size, s.mean_accepted_length, label=s.method, s=12)
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
-    ax.legend(unique.values(), unique.keys(), fontsize=7)
+    ax.legend(unique.values(), unique.keys(), fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     ax.set_xscale("log")
     ax.set_xlabel("mean shortlist size (tokens)")
     ax.set_ylabel("mean accepted length")
-    fig.tight_layout()
     path = out / "shortlist_vs_acceptance.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return paths + [path]
