@@ -14,7 +14,6 @@ local folder works too.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -233,7 +232,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     meta = {"target": args.target, "drafter": args.drafter, "max_new_tokens": args.max_new_tokens,
             "threads": torch.get_num_threads(), "prompts": len(prompts), "repeats": args.repeats,
             "cpu_weight_layout": "re-laid (prepare_for_cpu)" if is_prepared_for_cpu(target) else "as loaded",
-            "machine": machine_description()}
+            "machine": bench.machine_description()}
     summaries = bench.write_results(records, args.out, meta)
     bench.plot_results(summaries, args.out)
     print(bench.markdown_table(summaries))
@@ -241,19 +240,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if mismatches:
         print(f"WARNING: {mismatches} outputs differ from plain greedy", file=sys.stderr)
     return 1 if mismatches else 0
-
-
-def machine_description() -> str:
-    """CPU model, core count, torch version: recorded with every benchmark result."""
-    import platform
-
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return f"{cpu}, {os.cpu_count()} logical cores{gpu}, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
 def cmd_static(args: argparse.Namespace) -> int:

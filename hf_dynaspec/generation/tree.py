@@ -8,8 +8,8 @@ Two policies share one node pool (`DraftTree`) and one drafter primitive, `expan
 - "dyspec": a max-heap of candidate paths scored by q(path), an estimate of the chance the target accepts the
   whole path; the best candidates are moved into the tree and expanded, `draft_top_k` per drafter call, until
   the budget is spent (DySpec's greedy expansion, batched to one drafter call per round).
-A chain is eagle2 with k = 1. With `min_draft_prob` p > 0, both policies drop (never verify, never expand)
-drafts with q(path) < p: q only falls along a path, so no descendant of a dropped node could pass.
+A chain is eagle2 with k = 1. With `min_draft_prob` p > 0, drafts with q(path) < p never enter the pool (so
+are never verified or expanded): q only falls along a path, so no descendant of a dropped node could pass.
 `VerifyTree` is the compact result: root (the last committed token) at 0,
 parents before children, with the ancestor matrix that becomes the tree attention mask.
 
@@ -50,13 +50,17 @@ class DraftTree:
         self.scores.append(float(score))
         return len(self.tokens) - 1
 
-    def add_children(self, nodes: list[int], tokens: torch.Tensor, logp: torch.Tensor) -> list[int]:
-        """Add each node's proposals (F, k); skip impossible ones (-inf: outside the shortlist)."""
+    def add_children(
+        self, nodes: list[int], tokens: torch.Tensor, logp: torch.Tensor, min_score: float = float("-inf")
+    ) -> list[int]:
+        """Add each node's proposals (F, k); skip impossible ones (-inf: outside the shortlist) and those whose
+        path log-probability falls below `min_score` (the `min_draft_prob` floor)."""
         added = []
         for row, parent in enumerate(nodes):
             for token, lp in zip(tokens[row].tolist(), logp[row].tolist()):
-                if lp != float("-inf"):
-                    added.append(self.add(token, parent, self.scores[parent] + lp))
+                score = self.scores[parent] + lp
+                if lp != float("-inf") and score >= min_score:
+                    added.append(self.add(token, parent, score))
         return added
 
     def ancestors(self, node: int) -> list[int]:
@@ -118,14 +122,13 @@ def _grow_eagle2(tree: DraftTree, expand: Expand, settings: DraftSettings, depth
     frontier = [0]
     for _ in range(depth):
         tokens, logp = expand(frontier)  # (F, k) each
-        layer = [n for n in tree.add_children(frontier, tokens, logp) if tree.scores[n] >= floor]
+        layer = tree.add_children(frontier, tokens, logp, floor)
         # keep the k best of the new layer (by cumulative log-probability) for the next expansion
         frontier = sorted(layer, key=lambda n: -tree.scores[n])[:k]
         if not frontier:
             break
     # global re-rank; ties go to the shallower node so that a parent always precedes its children
-    kept = [n for n in range(1, len(tree.tokens)) if tree.scores[n] >= floor]
-    ranked = sorted(kept, key=lambda n: (-tree.scores[n], tree.depths[n]))
+    ranked = sorted(range(1, len(tree.tokens)), key=lambda n: (-tree.scores[n], tree.depths[n]))
     return [0, *_close_under_ancestors(tree, ranked[: settings.num_draft_nodes])]
 
 
@@ -137,9 +140,8 @@ def _grow_dyspec(tree: DraftTree, expand: Expand, settings: DraftSettings, depth
     while True:
         if frontier:
             tokens, logp = expand(frontier)
-            for node in tree.add_children(frontier, tokens, logp):
-                if tree.scores[node] >= floor:
-                    heapq.heappush(heap, (-tree.scores[node], node))
+            for node in tree.add_children(frontier, tokens, logp, floor):
+                heapq.heappush(heap, (-tree.scores[node], node))
         room = budget - (len(selected) - 1)
         if room <= 0 or not heap:
             return selected

@@ -306,13 +306,18 @@ def load_dataset(data_dir: str | os.PathLike) -> list[Conversation]:
     return convs
 
 
+def as_folders(data_dirs: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str | os.PathLike]:
+    """One dataset folder or several, as a list."""
+    return [data_dirs] if isinstance(data_dirs, (str, os.PathLike)) else list(data_dirs)
+
+
 def frequent_tokens(
     data_dirs: str | os.PathLike | Sequence[str | os.PathLike], size: int, vocab_size: int
 ) -> torch.Tensor:
     """The `size` most frequent answer tokens of one or several datasets (the FR-Spec / VocabTrim static
     shortlist), counted on the target's own answers; ties broken by lower token id."""
     counts = torch.zeros(vocab_size, dtype=torch.long)  # (V,)
-    for data_dir in [data_dirs] if isinstance(data_dirs, (str, os.PathLike)) else data_dirs:
+    for data_dir in as_folders(data_dirs):
         for conv in load_dataset(data_dir):
             counts += torch.bincount(conv.input_ids[conv.loss_mask], minlength=vocab_size)[:vocab_size]
     order = torch.argsort(counts, descending=True, stable=True)  # (V,)

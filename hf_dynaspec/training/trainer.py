@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from ..modeling import additive_mask
-from .data import Conversation, load_dataset
+from .data import Conversation, as_folders, load_dataset
 
 STATE_NAME = "trainer_state.json"
 OPTIMIZER_NAME = "optimizer.safetensors"
@@ -364,8 +364,7 @@ def load_split(
     data_dirs: str | os.PathLike | Sequence[str | os.PathLike], heldout_fraction: float, seed: int
 ) -> tuple[list[Conversation], list[Conversation]]:
     """(train, heldout) conversations of one or several dataset folders, each folder split on its own."""
-    if isinstance(data_dirs, (str, os.PathLike)):
-        data_dirs = [data_dirs]
+    data_dirs = as_folders(data_dirs)
     train: list[Conversation] = []
     heldout: list[Conversation] = []
     for data_dir in data_dirs:
@@ -403,7 +402,10 @@ def evaluate_drafter(
             batch = collate([window(conv, start, seq_len)], seq_len)
             if not batch.valid.any():
                 continue
-            gold_all = drafter.full_vocab_logits(batch.target_hidden.to(drafter.fc.weight.dtype)).argmax(-1)  # (1, T)
+            # the target's token at each answer position (every step's positions are among these); -1 elsewhere
+            gold_all = torch.full_like(batch.input_ids, -1)  # (1, T)
+            answer = batch.target_hidden.to(drafter.fc.weight.dtype)[batch.valid]  # (n, d)
+            gold_all[batch.valid] = drafter.full_vocab_logits(answer).argmax(-1)
             for depth, (features, router_logits, valid_mask) in enumerate(unrolled_steps(drafter, batch, unroll)):
                 valid = valid_mask.nonzero(as_tuple=True)
                 pred = drafter.full_vocab_logits(features[valid]).argmax(-1)  # (n,)

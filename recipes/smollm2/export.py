@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 from pathlib import Path
 
 import torch
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
+from hf_dynaspec.bench import machine_description
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,6 +36,8 @@ def main() -> None:
         drafter.generation_config = DynaSpecGenerationConfig(**fields)
     drafter.to(torch.bfloat16).save_pretrained(args.out)
     results = args.bench / "results.md"
+    measured = args.bench / "results.json"
+    meta = json.loads(measured.read_text())["meta"] if measured.is_file() else {}
     card = (ROOT / "model_cards/TEMPLATE.md").read_text().format(
         base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
         license="apache-2.0",
@@ -43,7 +45,7 @@ def main() -> None:
         num_clusters=drafter.config.num_clusters,
         training=args.training.read_text() if args.training.is_file() else "See recipes/smollm2/run.sh.",
         results=results.read_text() if results.is_file() else "Not measured yet.",
-        hardware=f"{platform.machine()} CPU, 2 cores, torch {torch.__version__}, fp32 target",
+        hardware=f"{meta.get('machine') or machine_description()}, fp32 target",
     )
     (args.out / "README.md").write_text(card)
     print(f"exported to {args.out}: {sorted(p.name for p in args.out.iterdir())}")
