@@ -43,6 +43,15 @@ def read_json(path: Path) -> list[dict]:
     return json.loads(text) if text.lstrip().startswith("[") else [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def shuffled_pools(shared: Path, rng: random.Random) -> tuple[list[dict], list[dict], list[dict]]:
+    """GSM8K train, GPTeacher codegen and roleplay records, each shuffled by `rng` in that order."""
+    pools = (read_json(shared / "gsm8k/train.jsonl"), read_json(shared / "gpteacher/codegen-instruct.json"),
+             read_json(shared / "gpteacher/roleplay-instruct.json"))
+    for pool in pools:
+        rng.shuffle(pool)
+    return pools
+
+
 def with_input(record: dict) -> str:
     extra = record.get("input") or ""
     return f"{record['instruction']}\n\n{extra}".strip() if extra else record["instruction"]
@@ -116,12 +125,8 @@ def factual_questions(model, tokenizer, n: int) -> list[str]:
 def build_round2(shared: Path, model, tokenizer, seed: int) -> list[dict]:
     """A second, disjoint prompt mix (the round-1 pools after their first MIX items; see MIX2)."""
     rng = random.Random(seed)
-    first = random.Random(0)  # replay round 1's shuffles to skip exactly the items it used
-    gsm = read_json(shared / "gsm8k/train.jsonl")
-    code = read_json(shared / "gpteacher/codegen-instruct.json")
-    role = read_json(shared / "gpteacher/roleplay-instruct.json")
-    for pool in (gsm, code, role):
-        first.shuffle(pool)
+    # replay round 1's shuffles (seed 0) to skip exactly the items it used
+    gsm, code, role = shuffled_pools(shared, random.Random(0))
     used_gsm = MIX["gsm8k"] + MIX["translation"]
     rows = [("gsm8k", q["question"]) for q in gsm[used_gsm : used_gsm + MIX2["gsm8k"]]]
     rows += [("codegen", with_input(r)) for r in code[MIX["codegen"] : MIX["codegen"] + MIX2["codegen"]]]
@@ -148,12 +153,8 @@ def build_round2(shared: Path, model, tokenizer, seed: int) -> list[dict]:
 
 def build(shared: Path, model, tokenizer, seed: int) -> list[dict]:
     rng = random.Random(seed)
-    gsm = read_json(shared / "gsm8k/train.jsonl")
-    code = read_json(shared / "gpteacher/codegen-instruct.json")
-    role = read_json(shared / "gpteacher/roleplay-instruct.json")
+    gsm, code, role = shuffled_pools(shared, rng)
     seed_tasks = read_json(shared / "gpteacher/seed-tasks.jsonl")
-    for pool in (gsm, code, role):
-        rng.shuffle(pool)
     rows = [("gsm8k", q["question"]) for q in gsm[: MIX["gsm8k"]]]
     rows += [("codegen", with_input(r)) for r in code[: MIX["codegen"]]]
     rows += [("roleplay", with_input(r)) for r in role[: MIX["roleplay"]]]
