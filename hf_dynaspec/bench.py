@@ -63,6 +63,7 @@ class Record:
     verify_s: float = 0.0
     recall_hits: int = 0
     recall_checks: int = 0
+    lookup_tokens: int = 0
     matches_plain: bool = True
 
 
@@ -224,6 +225,7 @@ def bench_prompt(
             rec.steps, rec.accepted_tokens = stats.num_steps, sum(stats.accepted_lengths)
             rec.shortlist_total, rec.shortlist_positions = stats.shortlist_total, stats.shortlist_positions
             rec.recall_hits, rec.recall_checks = stats.recall_hits, stats.recall_checks
+            rec.lookup_tokens = stats.lookup_tokens
             rec.draft_s, rec.verify_s = stats.draft_time, stats.verify_time
             rec.router_s, rec.head_s = stats.router_time, stats.head_time
         if not rec.matches_plain:
@@ -256,6 +258,7 @@ def summarize(records: list[Record]) -> list[Summary]:
             verify_share=sum(r.verify_s for r in recs) / max(seconds, 1e-9),
             mismatches=sum(not r.matches_plain for r in recs),
             prompts=len(recs),
+            extra={"lookup_share": sum(r.lookup_tokens for r in recs) / max(1, sum(r.accepted_tokens for r in recs))},
         ))
     compare_heads(out)
     return sorted(out, key=lambda s: (s.category != "overall", s.category, s.method))
@@ -297,11 +300,17 @@ def markdown_table(summaries: list[Summary]) -> str:
         rows.append(
             f"| {s.category} | {s.method} | {s.tokens_per_s:.1f} | {s.speedup:.2f}x | "
             f"{fmt(x.get('speedup_vs_full'), '.2f')} | {fmt(x.get('speedup_vs_static'), '.2f')} | "
-            f"{s.mean_accepted_length:.2f} | {fmt(x.get('recovery_vs_full'), '.1%')} | {s.mean_shortlist_size:.0f} | "
+            f"{s.mean_accepted_length:.2f}{lookup_note(s)} | {fmt(x.get('recovery_vs_full'), '.1%')} | {s.mean_shortlist_size:.0f} | "
             f"{fmt(s.shortlist_recall, '.1%')} | {s.draft_share:.0%} ({s.router_share:.1%}, {s.head_share:.0%}) | "
             f"{s.verify_share:.0%} | {s.mismatches} |"
         )
     return "\n".join(rows)
+
+
+def lookup_note(summary: Summary) -> str:
+    """" (12% lookup)": the share of emitted tokens that were lookup-branch drafts, when there were any."""
+    share = summary.extra.get("lookup_share", 0.0)
+    return f" ({share:.0%} lookup)" if share > 0 else ""
 
 
 def write_results(records: list[Record], out_dir: str | Path, meta: dict) -> list[Summary]:

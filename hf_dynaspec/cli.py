@@ -167,6 +167,10 @@ def _add_speculative(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-mode", choices=HEAD_MODES, default=None)
     parser.add_argument("--min-draft-prob", type=float, default=None,
                         help="drop drafts whose path probability is below this (0: off)")
+    parser.add_argument("--lookup-num-tokens", type=int, default=None,
+                        help="graft a prompt-lookup branch of this many tokens onto the tree (0: off)")
+    parser.add_argument("--lookup-max-ngram", type=int, default=None)
+    parser.add_argument("--lookup-min-ngram", type=int, default=None)
 
 
 def cmd_init(args: argparse.Namespace) -> int:

@@ -56,6 +56,8 @@ class Case:
     top_k: int
     head_mode: str
     min_draft_prob: float
+    lookup_num_tokens: int
+    lookup_min_ngram: int
     eos: int | None
     max_new_tokens: int
     oracle: bool
@@ -86,6 +88,8 @@ def cases(draw: st.DrawFn, oracle: bool | None = None) -> Case:
         top_k=draw(st.integers(1, 8)),
         head_mode=draw(st.sampled_from(HEAD_MODES)),
         min_draft_prob=draw(st.sampled_from([0.0, 0.0, 0.05, 0.3])),
+        lookup_num_tokens=draw(st.sampled_from([0, 0, 1, 4])),
+        lookup_min_ngram=draw(st.integers(1, 3)),
         eos=draw(st.none() | st.integers(0, vocab_size - 1)),
         max_new_tokens=draw(st.integers(1, 30)),
         oracle=draw(st.booleans()) if oracle is None else oracle,
@@ -123,7 +127,8 @@ def speculative_greedy(case: Case) -> tuple[torch.Tensor, list[str]]:
     config = DynaSpecGenerationConfig(
         tree_policy=case.policy, num_draft_nodes=case.nodes, draft_depth=case.depth, draft_top_k=case.top_k,
         head_mode=case.head_mode, max_new_tokens=case.max_new_tokens, eos_token_id=case.eos, do_sample=False,
-        min_draft_prob=case.min_draft_prob,
+        min_draft_prob=case.min_draft_prob, lookup_num_tokens=case.lookup_num_tokens,
+        lookup_min_ngram=case.lookup_min_ngram,
     )
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(decoding, "speculative_step", step_spy))
@@ -201,14 +206,30 @@ def draft_settings(policy: str, nodes: int, depth: int, top_k: int, min_prob: fl
 
 @st.composite
 def random_trees(draw: st.DrawFn) -> tuple[VerifyTree, DraftSettings, int]:
-    """(tree, settings, max_depth) from grow_tree with a random expand function."""
+    """(tree, settings, max_depth) from grow_tree with a random expand function and a random lookup chain
+    (grafted; its tokens often collide with the drafts, as vocabulary 40 is small)."""
     settings_ = draft_settings(
         draw(st.sampled_from(POLICIES)), draw(st.integers(1, 64)), draw(st.integers(1, 8)), draw(st.integers(1, 8)),
         draw(st.sampled_from([0.0, 0.01, 0.2, 0.6])),
     )
     max_depth = draw(st.integers(0, 10))
     expand = random_expand(draw(st.integers(0, 2**31)), 40, settings_.draft_top_k, draw(st.sampled_from([0, 0.3])))
-    return grow_tree(DraftTree(root_token=draw(st.integers(0, 39))), expand, settings_, max_depth), settings_, max_depth
+    lookup = draw(st.lists(st.integers(0, 39), max_size=6))
+    tree = grow_tree(DraftTree(root_token=draw(st.integers(0, 39))), expand, settings_, max_depth, lookup)
+    assert int(tree.grafted.sum()) <= min(len(lookup), max_depth)
+    assert lookup_on_a_path(tree, lookup[:max_depth])
+    return tree, settings_, max_depth
+
+
+def lookup_on_a_path(tree: VerifyTree, lookup: list[int]) -> bool:
+    """The grafted chain is a root path of the tree."""
+    node = 0
+    for token in lookup:
+        children = [c for c in tree.children[node] if int(tree.tokens[c]) == token]
+        if not children:
+            return False
+        node = children[0]
+    return True
 
 
 @settings(max_examples=300, deadline=None)
@@ -219,8 +240,10 @@ def test_grown_tree_is_well_formed(drawn: tuple[VerifyTree, DraftSettings, int])
     tree, settings_, max_depth = drawn
     n = tree.num_nodes
     assert int(tree.parents[0]) == -1 and int(tree.depths[0]) == 0
-    assert n <= settings_.num_draft_nodes + 1
-    assert int(tree.depths.max()) <= min(settings_.draft_depth, max_depth)
+    drafted = tree.depths[~tree.grafted]
+    assert n - int(tree.grafted.sum()) <= settings_.num_draft_nodes + 1
+    assert int(drafted.max()) <= min(settings_.draft_depth, max_depth)
+    assert int(tree.depths.max()) <= max_depth
     for i in range(1, n):
         parent = int(tree.parents[i])
         assert 0 <= parent < i
@@ -230,8 +253,10 @@ def test_grown_tree_is_well_formed(drawn: tuple[VerifyTree, DraftSettings, int])
         expected[tree.path_to(i)] = True
         assert torch.equal(tree.ancestor[i], expected)
         assert tree.children[i] == [c for c in range(n) if int(tree.parents[c]) == i]
+        siblings = tree.tokens[tree.children[i]].tolist()
+        assert len(set(siblings)) == len(siblings)  # lookup drafts merge into equal drafted siblings
     if settings_.tree_policy == "chain":
-        assert all(len(c) <= 1 for c in tree.children)
+        assert all(len(c) <= 1 + bool(tree.grafted[c].any()) for c in tree.children)
     if settings_.min_draft_prob > 0:  # no verified draft is less likely than the floor
         assert bool((tree.log_q[1:] >= math.log(settings_.min_draft_prob)).all())
 

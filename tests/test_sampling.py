@@ -57,12 +57,13 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize(
-    ("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)], ids=["plain", "temperature-top-p"]
+    ("temperature", "top_p", "lookup", "prompt"),
+    [(1.0, 1.0, 0, [1, 5, 3]), (0.7, 0.9, 0, [1, 5, 3]), (1.0, 1.0, 2, [6, 2, 7, 4, 1])],
+    ids=["plain", "temperature-top-p", "lookup-branch"],  # this target's first pick is mostly 6 or 7
 )
-def test_sampling_matches_target_distribution(temperature, top_p):
+def test_sampling_matches_target_distribution(temperature, top_p, lookup, prompt):
     target = tiny_target(vocab_size=VOCAB, seed=21)
     drafter = tiny_drafter(target, num_clusters=4)
-    prompt = [1, 5, 3]
     processors = LogitsProcessorList()
     if temperature != 1.0:
         processors.append(TemperatureLogitsWarper(temperature))
@@ -73,18 +74,20 @@ def test_sampling_matches_target_distribution(temperature, top_p):
     config = DynaSpecGenerationConfig(
         tree_policy="eagle2", draft_depth=2, draft_top_k=3, num_draft_nodes=6, head_mode="full",
         do_sample=True, temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=3,
-        return_dict_in_generate=True,
+        return_dict_in_generate=True, lookup_num_tokens=lookup,
     )
     torch.manual_seed(1234)
     counts2, counts3 = torch.zeros(VOCAB), torch.zeros(VOCAB)
-    accepted = 0
+    accepted = from_lookup = 0
     for _ in range(SAMPLES):
         out = target.generate(torch.tensor([prompt]), generation_config=config, assistant_model=drafter)
         x2, x3 = out.sequences[0, len(prompt) + 1 :].tolist()
         counts2[x2] += 1
         counts3[x3] += 1
         accepted += out.speculative_stats.accepted_lengths[0] - 1
+        from_lookup += out.speculative_stats.lookup_tokens
     assert accepted > SAMPLES // 10, "too few drafts accepted: the test would not exercise the sampler"
+    assert from_lookup > SAMPLES // 20 or not lookup, "lookup drafts were not exercised"
     assert chi_square(counts2, p2) < CHI2_999_DF7
     assert chi_square(counts3, p3) < CHI2_999_DF7
 

@@ -22,6 +22,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from ..modeling import DynaSpecDrafter, additive_mask, causal_mask
 from .config import DraftSettings
+from .lookup import find_continuation
 from .stats import SpeculativeStats
 from .tree import DraftTree, VerifyTree, grow_tree
 from .verify import crop_cache
@@ -71,20 +72,31 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
     def get_candidates(self, input_ids: torch.LongTensor, max_depth: int | None = None, **kwargs):
         """Draft a tree rooted at input_ids[0, -1]; returns (committed ids + tree nodes, None)."""
         start, router_start = time.perf_counter(), self.drafter.router.seconds
-        depth = self.settings.draft_depth if max_depth is None else max_depth
+        limit = self.settings.draft_depth if max_depth is None else max_depth  # tokens left to generate - 1
         self._pool = DraftTree(root_token=int(input_ids[0, -1]))
         self._features, self._slots = {0: self._root_feature}, {}
-        self.tree = grow_tree(self._pool, self.expand, self.settings, depth)
+        self.tree = grow_tree(self._pool, self.expand, self.settings, limit, self._lookup(input_ids[0]))
         crop_cache(self.cache, self.committed)
         self.stats.draft_time += time.perf_counter() - start
         self.stats.router_time += self.drafter.router.seconds - router_start
         nodes = self.tree.tokens[1:].to(input_ids.device)[None]
         return torch.cat([input_ids, nodes], dim=-1), None
 
-    def note_target_token(self, token: int) -> None:
-        """Shortlist recall: was the target's token after the root in the root's shortlist?"""
+    def _lookup(self, input_ids: torch.Tensor) -> list[int]:
+        """The lookup branch for the committed sequence (L,), root last ([] when off or no n-gram recurs)."""
+        settings = self.settings
+        if settings.lookup_num_tokens == 0:
+            return []
+        return find_continuation(
+            input_ids, settings.lookup_max_ngram, settings.lookup_min_ngram, settings.lookup_num_tokens
+        )
+
+    def note_walk(self, path: list[int], new_tokens: list[int]) -> None:
+        """After verification: shortlist recall (was the target's token after the root in the root's
+        shortlist?) and how many accepted drafts came from the lookup branch."""
         if self._root_shortlist is not None:
-            self.stats.add_recall(bool((self._root_shortlist == token).any()))
+            self.stats.add_recall(bool((self._root_shortlist == new_tokens[0]).any()))
+        self.stats.lookup_tokens += int(self.tree.grafted[path].sum())
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores, num_matches: int) -> None:
         """The tree adapts itself each step; nothing to update."""

@@ -26,10 +26,14 @@ SPEC_FIELDS = (
     "shortlist_k0",
     "shortlist_k1",
     "min_draft_prob",
+    "lookup_num_tokens",
+    "lookup_max_ngram",
+    "lookup_min_ngram",
 )
 # Default tree for CPUs (small: verification of many nodes is costly there; see docs/architecture.md).
 DEFAULT_SETTINGS = dict(
-    tree_policy="eagle2", num_draft_nodes=12, draft_depth=5, draft_top_k=4, head_mode="dynamic", min_draft_prob=0.0
+    tree_policy="eagle2", num_draft_nodes=12, draft_depth=5, draft_top_k=4, head_mode="dynamic", min_draft_prob=0.0,
+    lookup_num_tokens=0, lookup_max_ngram=3, lookup_min_ngram=1,
 )
 
 
@@ -49,6 +53,10 @@ class DynaSpecGenerationConfig(GenerationConfig):
         min_draft_prob (`float`): drafts whose path probability q(path) (the product of the draft
             probabilities from the root) falls below this are neither verified nor expanded, so the tree
             shrinks where the drafter is unsure (0: off). Verification stays exact whatever the value.
+        lookup_num_tokens (`int`): length of the lookup branch: the tokens that followed the latest earlier
+            occurrence of the sequence's last n tokens (prompt lookup), grafted onto the tree as one more
+            root path (0: off). Helps where answers copy the prompt or repeat themselves.
+        lookup_max_ngram / lookup_min_ngram (`int`): n-gram sizes tried for the lookup, longest first.
     """
 
     def __init__(
@@ -61,6 +69,9 @@ class DynaSpecGenerationConfig(GenerationConfig):
         shortlist_k0: int | None = None,
         shortlist_k1: int | None = None,
         min_draft_prob: float | None = None,
+        lookup_num_tokens: int | None = None,
+        lookup_max_ngram: int | None = None,
+        lookup_min_ngram: int | None = None,
         **kwargs: Any,
     ) -> None:
         self.tree_policy = tree_policy
@@ -71,6 +82,9 @@ class DynaSpecGenerationConfig(GenerationConfig):
         self.shortlist_k0 = shortlist_k0
         self.shortlist_k1 = shortlist_k1
         self.min_draft_prob = min_draft_prob
+        self.lookup_num_tokens = lookup_num_tokens
+        self.lookup_max_ngram = lookup_max_ngram
+        self.lookup_min_ngram = lookup_min_ngram
         super().__init__(**kwargs)
 
     def speculative_fields(self) -> dict[str, Any]:
@@ -94,6 +108,9 @@ class DraftSettings:
     shortlist_k0: int
     shortlist_k1: int
     min_draft_prob: float = 0.0
+    lookup_num_tokens: int = 0
+    lookup_max_ngram: int = 3
+    lookup_min_ngram: int = 1
 
 
 def check_speculative_fields(fields: dict[str, Any]) -> None:
@@ -105,6 +122,9 @@ def check_speculative_fields(fields: dict[str, Any]) -> None:
         "draft_top_k": (1, 64),
         "shortlist_k0": (1, 1 << 20),
         "shortlist_k1": (1, 1 << 20),
+        "lookup_num_tokens": (0, 64),
+        "lookup_max_ngram": (1, 64),
+        "lookup_min_ngram": (1, 64),
     }
     for name, value in fields.items():
         if name == "min_draft_prob" and (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -136,6 +156,11 @@ def resolve_draft_settings(
     merged.setdefault("shortlist_k0", num_clusters)
     merged.setdefault("shortlist_k1", merged["shortlist_k0"])
     check_speculative_fields(merged)
+    if merged["lookup_min_ngram"] > merged["lookup_max_ngram"]:
+        raise ValueError(
+            f"DynaSpecGenerationConfig.lookup_min_ngram={merged['lookup_min_ngram']} exceeds "
+            f"lookup_max_ngram={merged['lookup_max_ngram']}; set lookup_min_ngram <= lookup_max_ngram."
+        )
     for name in ("shortlist_k0", "shortlist_k1"):
         if merged[name] > num_clusters:
             raise ValueError(

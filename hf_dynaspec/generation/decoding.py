@@ -23,7 +23,7 @@ from ..modeling import DynaSpecDrafter
 from .candidates import DynaSpecCandidateGenerator
 from .config import resolve_draft_settings
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
-from .verify import keep_accepted, verify_forward, walk_tree
+from .verify import head_reproduces_logits, keep_accepted, verify_forward, walk_tree
 
 
 @dataclass
@@ -42,6 +42,7 @@ class _Run:
     scores: list[torch.Tensor] = field(default_factory=list)
     raw_logits: list[torch.Tensor] = field(default_factory=list)
     finished: bool = False
+    walk_logits: bool = False  # verification computes LM-head rows only along the walk (set in prefill)
 
     def full_ids(self) -> torch.LongTensor:
         """The sequence as plain generate() sees it, left padding included."""
@@ -113,8 +114,11 @@ def prefill(target: torch.nn.Module, generator: DynaSpecCandidateGenerator, run:
     """Target over the prompt -> first token (the target's own choice) -> drafter over the prompt."""
     start = time.perf_counter()
     prompt = run.input_ids
-    out = target(input_ids=prompt, cache=run.cache, use_cache=True, output_hidden_states=True)
+    last_only = {"logits_to_keep": 1} if target._supports_logits_to_keep() else {}
+    out = target(input_ids=prompt, cache=run.cache, use_cache=True, output_hidden_states=True, **last_only)
     raw = out.logits[:, -1].float()  # (1, V)
+    # On CPU the LM head's cost grows with its rows: apply it only along the walk when that is exact.
+    run.walk_logits = target.device.type == "cpu" and head_reproduces_logits(target, out.hidden_states[-1][0, -1:], raw)
     scores = run.logits_processor(run.full_ids(), raw.clone()) if len(run.logits_processor) else raw
     token = choose_token(scores[0], run.generation_config.do_sample)
     run.emit([token], [scores], [raw])
@@ -133,13 +137,13 @@ def speculative_step(target: torch.nn.Module, generator: DynaSpecCandidateGenera
     generator.get_candidates(run.input_ids, max_depth=max(0, remaining - 1))
     tree = generator.tree
     start = time.perf_counter()
-    logits, hidden = verify_forward(target, run.cache, tree, past_length)  # (n, V), (n, d)
+    logits, hidden = verify_forward(target, run.cache, tree, past_length, run.walk_logits)  # rows (1, V), (n, d)
     walk = walk_tree(
         tree, logits, run.full_ids(), run.logits_processor, run.generation_config.do_sample, run.keep_scores
     )
     run.stats.verify_time += time.perf_counter() - start
     run.stats.accepted_lengths.append(len(walk.new_tokens))
-    generator.note_target_token(walk.new_tokens[0])
+    generator.note_walk(walk.path, walk.new_tokens)
     run.stats.tree_sizes.append(tree.num_nodes - 1)
     run.emit(walk.new_tokens, walk.scores, walk.logits)
     keep_accepted(run.cache, past_length, walk.path)

@@ -29,6 +29,7 @@ class SpeculativeStats:
     tree_sizes: list[int] = field(default_factory=list)
     recall_hits: int = 0
     recall_checks: int = 0
+    lookup_tokens: int = 0  # accepted drafts that came from the lookup branch (not the drafter)
 
     def add_shortlist(self, sizes: torch.Tensor) -> None:
         self.shortlist_total += int(sizes.sum())
@@ -60,6 +61,7 @@ class SpeculativeStats:
             "mean_accepted_length": self.mean_accepted_length,
             "mean_shortlist_size": self.mean_shortlist_size,
             "shortlist_recall": self.shortlist_recall,
+            "lookup_tokens": self.lookup_tokens,
             "mean_tree_size": sum(self.tree_sizes) / max(1, len(self.tree_sizes)),
             "draft_time_s": self.draft_time,
             "router_time_s": self.router_time,

@@ -8,7 +8,8 @@ Two policies share one node pool (`DraftTree`) and one drafter primitive, `expan
 - "dyspec": a max-heap of candidate paths scored by q(path), an estimate of the chance the target accepts the
   whole path; the best candidates are moved into the tree and expanded, `draft_top_k` per drafter call, until
   the budget is spent (DySpec's greedy expansion, batched to one drafter call per round).
-A chain is eagle2 with k = 1. With `min_draft_prob` p > 0, drafts with q(path) < p never enter the pool (so
+A chain is eagle2 with k = 1. A lookup chain (copied from earlier text, see `lookup.py`) can be grafted on
+as one more root path (`graft_chain`). With `min_draft_prob` p > 0, drafts with q(path) < p never enter the pool (so
 are never verified or expanded): q only falls along a path, so no descendant of a dropped node could pass.
 `VerifyTree` is the compact result: root (the last committed token) at 0,
 parents before children, with the ancestor matrix that becomes the tree attention mask.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +40,7 @@ class DraftTree:
     parents: list[int] = field(default_factory=list)
     depths: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
+    grafted: set[int] = field(default_factory=set)  # nodes added by `graft_chain` (lookup drafts)
 
     def __post_init__(self) -> None:
         self.add(self.root_token, -1, 0.0)
@@ -79,7 +81,8 @@ class VerifyTree:
 
     tokens (n,), parents (n,) with parents[0] = -1, depths (n,), ancestor (n, n) bool with
     ancestor[i, j] = j is i or an ancestor of i; children[i]: child indices in decreasing draft score;
-    log_q (n,): each node's path log-probability under the drafter (0 at the root).
+    log_q (n,): each node's path log-probability under the drafter (0 at the root); grafted (n,) bool: the
+    node came from the lookup chain, not from the drafter.
     """
 
     tokens: torch.Tensor
@@ -88,6 +91,7 @@ class VerifyTree:
     ancestor: torch.Tensor
     children: list[list[int]]
     log_q: torch.Tensor
+    grafted: torch.Tensor
 
     @property
     def num_nodes(self) -> int:
@@ -102,14 +106,39 @@ class VerifyTree:
         return path[::-1]
 
 
-def grow_tree(tree: DraftTree, expand: Expand, settings: DraftSettings, max_depth: int) -> VerifyTree:
-    """Grow `tree` (whose root is node 0) with the configured policy and return the compact tree."""
+def grow_tree(
+    tree: DraftTree, expand: Expand, settings: DraftSettings, max_depth: int, lookup: Sequence[int] = ()
+) -> VerifyTree:
+    """Grow `tree` (whose root is node 0) with the configured policy, graft the `lookup` chain (tokens proposed
+    after the root by `lookup.find_continuation`, cut to `max_depth`) and return the compact tree."""
     depth = min(settings.draft_depth, max_depth)
     if depth < 1:
-        return compact(tree, [0])
-    if settings.tree_policy == "dyspec":
-        return compact(tree, _grow_dyspec(tree, expand, settings, depth))
-    return compact(tree, _grow_eagle2(tree, expand, settings, depth))
+        selected = [0]
+    elif settings.tree_policy == "dyspec":
+        selected = _grow_dyspec(tree, expand, settings, depth)
+    else:
+        selected = _grow_eagle2(tree, expand, settings, depth)
+    return compact(tree, graft_chain(tree, selected, list(lookup)[: max(0, max_depth)]))
+
+
+def graft_chain(tree: DraftTree, selected: list[int], tokens: list[int]) -> list[int]:
+    """Add the root path `tokens` to the selected nodes, reusing a selected node wherever the path already
+    exists (so siblings stay distinct). New nodes carry their parent's score: q(path) is unchanged, as for a
+    draft proposed with certainty, so they rank first among their siblings and never fall below a floor
+    their parent passed."""
+    chosen = set(selected)
+    out = list(selected)
+    node = 0
+    for token in tokens:
+        match = [c for c in chosen if tree.parents[c] == node and tree.tokens[c] == token]
+        if match:
+            node = match[0]
+            continue
+        node = tree.add(token, node, tree.scores[node])
+        tree.grafted.add(node)
+        chosen.add(node)
+        out.append(node)
+    return out
 
 
 def min_log_q(settings: DraftSettings) -> float:
@@ -181,4 +210,5 @@ def compact(tree: DraftTree, selected: list[int]) -> VerifyTree:
         ancestor=ancestor,
         children=children,
         log_q=torch.tensor([tree.scores[m] for m in order], dtype=torch.float64),
+        grafted=torch.tensor([m in tree.grafted for m in order], dtype=torch.bool),
     )

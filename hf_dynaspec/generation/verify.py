@@ -2,6 +2,9 @@
 
 - `verify_forward`: the target runs once over [root, nodes...] on top of its cache with a 4D tree mask (each
   node sees the committed prefix and its own ancestors) and per-node positions (prefix length + depth).
+  With `walk_logits`, only the root's logits come out of that pass; `NodeLogits` applies the target's LM
+  head to a node's final hidden state when the walk reaches it, so a step pays for (accepted + 1) rows of
+  the LM head instead of n (on CPU the head is ~20% of SmolLM2's weights and its cost grows with rows).
 - `walk_tree`: from the root, the target picks the next token with the user's logits processors applied to
   its logits at that node (greedy: argmax; sampling: see `_sample_child`), and the walk follows the child
   drafting that token. The last pick is the bonus token. So the output is the target's own choice at every
@@ -35,10 +38,42 @@ class WalkResult:
     logits: list[torch.Tensor] = field(default_factory=list)
 
 
+@dataclass
+class NodeLogits:
+    """Raw target logits at tree nodes, each (1, V) fp32: precomputed rows, the rest made on demand by
+    `head` (the target's output embedding) from `hidden` (n, d), the final (normed) hidden states."""
+
+    hidden: torch.Tensor
+    head: torch.nn.Module | None
+    rows: dict[int, torch.Tensor]
+
+    @classmethod
+    def from_tensor(cls, logits: torch.Tensor) -> NodeLogits:
+        """Every row known: logits (n, V)."""
+        return cls(hidden=logits, head=None, rows={i: logits[i : i + 1].float() for i in range(logits.shape[0])})
+
+    def row(self, node: int) -> torch.Tensor:
+        if node not in self.rows:
+            self.rows[node] = self.head(self.hidden[node : node + 1]).float()  # (1, d) @ (d, V) -> (1, V)
+        return self.rows[node]
+
+
+def head_reproduces_logits(target: torch.nn.Module, hidden: torch.Tensor, logits: torch.Tensor) -> bool:
+    """Does the target's output embedding applied to its final hidden states (1, d) give its logits (1, V)?
+    False for models that post-process logits (soft-capping, scaling): those verify with full logits."""
+    head = target.get_output_embeddings()
+    if head is None:
+        return False
+    with torch.no_grad():
+        mine = head(hidden).float()  # (1, V)
+    return mine.shape == logits.shape and torch.allclose(mine, logits.float(), rtol=1e-4, atol=1e-4)
+
+
 def verify_forward(
-    target: torch.nn.Module, cache: DynamicCache, tree: VerifyTree, past_length: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target logits (n, V) fp32 and last hidden states (n, d) at every tree node, root included."""
+    target: torch.nn.Module, cache: DynamicCache, tree: VerifyTree, past_length: int, walk_logits: bool = False
+) -> tuple[NodeLogits, torch.Tensor]:
+    """Target logits at every tree node (all computed, or with `walk_logits` the root's only and the rest
+    on demand) and last hidden states (n, d), root included."""
     device = target.device
     n = tree.num_nodes
     allowed = torch.cat([torch.ones(n, past_length, dtype=torch.bool), tree.ancestor], dim=1)  # (n, past + n)
@@ -51,13 +86,17 @@ def verify_forward(
         cache=cache,
         use_cache=True,
         output_hidden_states=True,
+        **({"logits_to_keep": torch.tensor([0], device=device)} if walk_logits else {}),
     )
-    return out.logits[0].float(), out.hidden_states[-1][0]  # (n, V), (n, d)
+    hidden = out.hidden_states[-1][0]  # (n, d)
+    if walk_logits:
+        return NodeLogits(hidden, target.get_output_embeddings(), {0: out.logits[0, :1].float()}), hidden
+    return NodeLogits.from_tensor(out.logits[0]), hidden
 
 
 def walk_tree(
     tree: VerifyTree,
-    logits: torch.Tensor,
+    logits: NodeLogits | torch.Tensor,
     input_ids: torch.LongTensor,
     logits_processor: LogitsProcessorList,
     do_sample: bool,
@@ -65,16 +104,18 @@ def walk_tree(
 ) -> WalkResult:
     """Accept the longest root path the target agrees with, plus the target's bonus token.
 
-    logits: (n, V) raw target logits at the tree nodes; input_ids: (1, L + 1) the committed sequence, root last.
+    logits: raw target logits at the tree nodes (`NodeLogits`, or a tensor (n, V)); input_ids: (1, L + 1) the committed sequence, root last.
     Logits processors see the exact prefix of each position (committed sequence + accepted path), as in
     plain decoding; they run only along the walk (at most depth + 1 times).
     """
+    if isinstance(logits, torch.Tensor):
+        logits = NodeLogits.from_tensor(logits)
     result = WalkResult(path=[0], new_tokens=[])
     node = 0
     while True:
         path_tokens = tree.tokens[result.path[1:]].to(input_ids.device)
         prefix = torch.cat([input_ids, path_tokens[None]], dim=-1)  # (1, L + 1 + depth)
-        raw = logits[node : node + 1]  # (1, V)
+        raw = logits.row(node)  # (1, V)
         scores = logits_processor(prefix, raw.clone()) if len(logits_processor) else raw
         if keep_scores:
             result.scores.append(scores)
