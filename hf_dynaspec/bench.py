@@ -264,27 +264,59 @@ def summarize(records: list[Record]) -> list[Summary]:
     return sorted(out, key=lambda s: (s.category != "overall", s.category, s.method))
 
 
+def head_key(method: str, category: str, head_mode: str | None = None) -> tuple | None:
+    """(category, settings with `head_mode` replaced): methods differing only in their head share a key."""
+    settings = method_settings(method)
+    if settings is None:
+        return None
+    return category, tuple(sorted({**settings, "head_mode": head_mode or settings["head_mode"]}.items()))
+
+
+def counterparts(summaries: list[Summary]) -> dict[tuple, Summary]:
+    """Summaries by `head_key`, to find a drafter method's full-head and static-head twins."""
+    return {key: s for s in summaries if (key := head_key(s.method, s.category)) is not None}
+
+
 def compare_heads(summaries: list[Summary]) -> None:
     """Each drafter method against the same drafter and tree with the full-vocabulary head and with the
     static shortlist (the methods whose settings differ only in `head_mode`): `speedup_vs_full`,
     `recovery_vs_full` (accepted length ratio) and `speedup_vs_static`, in `extra`. Methods without that
     counterpart in the run get no entry."""
-    def key(method: str, category: str, head_mode: str | None = None) -> tuple | None:
-        settings = method_settings(method)
-        if settings is None:
-            return None
-        return category, tuple(sorted({**settings, "head_mode": head_mode or settings["head_mode"]}.items()))
-
-    by_key = {key(s.method, s.category): s for s in summaries}
+    by_key = counterparts(summaries)
     for s in summaries:
-        if key(s.method, s.category) is None:
+        if head_key(s.method, s.category) is None:
             continue
-        full, static = by_key.get(key(s.method, s.category, "full")), by_key.get(key(s.method, s.category, "static"))
+        full = by_key.get(head_key(s.method, s.category, "full"))
+        static = by_key.get(head_key(s.method, s.category, "static"))
         if full is not None:
             s.extra["recovery_vs_full"] = s.mean_accepted_length / full.mean_accepted_length
             s.extra["speedup_vs_full"] = s.tokens_per_s / full.tokens_per_s
         if static is not None:
             s.extra["speedup_vs_static"] = s.tokens_per_s / static.tokens_per_s
+
+
+def headline_table(summaries: list[Summary], method: str) -> str:
+    """Per category: `method` against plain generate() and against its full-head and static-head twins
+    (empty when the run lacks them)."""
+    by_key, by_name = counterparts(summaries), {(s.method, s.category): s for s in summaries}
+    rows = ["| category | plain tok/s | speedup | vs full head | vs static | accepted: this / full / static | "
+            "recovery vs full | shortlist (recall) | from lookup | mismatches (all methods) |", "|" + "---|" * 10]
+    categories = sorted({s.category for s in summaries}, key=lambda c: (c == "overall", c))
+    for category in categories:
+        s, plain = by_name.get((method, category)), by_name.get(("plain", category))
+        full = by_key.get(head_key(method, category, "full"))
+        static = by_key.get(head_key(method, category, "static"))
+        if s is None or plain is None or full is None or static is None:
+            return ""
+        mismatches = sum(x.mismatches for x in summaries if x.category == category)
+        name = f"**{category}**" if category == "overall" else category
+        rows.append(
+            f"| {name} | {plain.tokens_per_s:.1f} | {s.speedup:.2f}x | {s.extra['speedup_vs_full']:.2f}x | "
+            f"{s.extra['speedup_vs_static']:.2f}x | {s.mean_accepted_length:.2f} / {full.mean_accepted_length:.2f} / "
+            f"{static.mean_accepted_length:.2f} | {s.extra['recovery_vs_full']:.1%} | {s.mean_shortlist_size:,.0f} "
+            f"({s.shortlist_recall or 0:.1%}) | {s.extra.get('lookup_share', 0):.0%} | {mismatches} |"
+        )
+    return "\n".join(rows)
 
 
 def markdown_table(summaries: list[Summary]) -> str:
@@ -320,7 +352,13 @@ def write_results(records: list[Record], out_dir: str | Path, meta: dict) -> lis
     payload = {"meta": meta, "summaries": [asdict(s) for s in summaries], "records": [asdict(r) for r in records]}
     (out / "results.json").write_text(json.dumps(payload, indent=1))
     header = "\n".join(f"- {key}: {value}" for key, value in meta.items())
-    (out / "results.md").write_text(f"{header}\n\n{markdown_table(summaries)}\n")
+    headlines = [
+        f"## {method} per category\n\n{table}\n"
+        for method in dict.fromkeys(s.method for s in summaries)
+        if (method_settings(method) or {}).get("head_mode") == "dynamic"
+        and (table := headline_table(summaries, method))
+    ]
+    (out / "results.md").write_text(f"{header}\n\n{''.join(headlines)}\n## All methods\n\n{markdown_table(summaries)}\n")
     return summaries
 
 

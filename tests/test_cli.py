@@ -81,3 +81,21 @@ def test_bench_keeps_the_median_of_repeats(monkeypatch):
     row = {"question_id": "q", "category": "c", "prompt": "p"}
     plain, lookup = bench.bench_prompt(None, None, None, row, ["plain", "prompt-lookup"], 4, repeats=3)
     assert (plain.seconds, lookup.seconds) == (2.0, 5.0) and plain.new_tokens == 4 and lookup.matches_plain
+
+
+def test_headline_table_compares_a_method_with_its_head_twins():
+    from hf_dynaspec.bench import Record, headline_table, summarize
+
+    def rec(method, category, seconds, steps, accepted, lookup=0):
+        return Record(method, category, f"{category}-1", seconds, 20, steps=steps, accepted_tokens=accepted,
+                      shortlist_total=30, shortlist_positions=10, recall_hits=3, recall_checks=4, lookup_tokens=lookup)
+
+    records = []
+    for category in ("coding", "writing"):
+        records += [rec("plain", category, 2.0, 0, 0), rec("dynaspec", category, 1.0, 10, 20, lookup=5),
+                    rec("full", category, 1.6, 10, 21), rec("static", category, 1.25, 10, 19)]
+    table = headline_table(summarize(records), "dynaspec")
+    lines = table.splitlines()
+    assert len(lines) == 2 + 3  # header, rule, two categories, overall last
+    assert lines[-1].startswith("| **overall** | 10.0 | 2.00x | 1.60x | 1.25x | 2.00 / 2.10 / 1.90 | 95.2% | 3 (75.0%) | 25% | 0 |")
+    assert headline_table(summarize([r for r in records if r.method != "static"]), "dynaspec") == ""

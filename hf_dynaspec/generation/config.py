@@ -33,7 +33,7 @@ SPEC_FIELDS = (
 # Default tree for CPUs (small: verification of many nodes is costly there; see docs/architecture.md).
 DEFAULT_SETTINGS = dict(
     tree_policy="eagle2", num_draft_nodes=12, draft_depth=5, draft_top_k=4, head_mode="dynamic", min_draft_prob=0.0,
-    lookup_num_tokens=0, lookup_max_ngram=3, lookup_min_ngram=1,
+    lookup_num_tokens=8, lookup_max_ngram=3, lookup_min_ngram=1,
 )
 
 
