@@ -383,7 +383,7 @@ def plot_results(summaries: list[Summary], out_dir: str | Path) -> list[Path]:
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(categories))], categories, rotation=45, ha="right")
         ax.set_ylabel(label)
         ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.6), ncol=2, frameon=False)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # outside, right
         fig.tight_layout()
         path = out / f"{'speedup' if field_name == 'speedup' else 'accepted_length'}.png"
         fig.savefig(path, dpi=110, bbox_inches="tight")

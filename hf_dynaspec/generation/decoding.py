@@ -118,7 +118,10 @@ def prefill(target: torch.nn.Module, generator: DynaSpecCandidateGenerator, run:
     out = target(input_ids=prompt, cache=run.cache, use_cache=True, output_hidden_states=True, **last_only)
     raw = out.logits[:, -1].float()  # (1, V)
     # On CPU the LM head's cost grows with its rows: apply it only along the walk when that is exact.
-    run.walk_logits = target.device.type == "cpu" and head_reproduces_logits(target, out.hidden_states[-1][0, -1:], raw)
+    run.walk_logits = (
+        bool(last_only) and target.device.type == "cpu"
+        and head_reproduces_logits(target, out.hidden_states[-1][0, -1:], raw)
+    )
     scores = run.logits_processor(run.full_ids(), raw.clone()) if len(run.logits_processor) else raw
     token = choose_token(scores[0], run.generation_config.do_sample)
     run.emit([token], [scores], [raw])

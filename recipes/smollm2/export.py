@@ -3,7 +3,7 @@
 The model card is model_cards/TEMPLATE.md filled with the training facts, the shipped decoding defaults, a
 summary of the results (a markdown file written for the card) and the measured Spec-Bench tables.
 
-    python recipes/smollm2/export.py --ckpt runs/smollm2/ckpt2 --bench benchmarks/results/cpu-smollm2-limit4 \
+    python recipes/smollm2/export.py --ckpt runs/smollm2/ckpt2 --bench benchmarks/results/cpu-smollm2-limit8 \
         --summary recipes/smollm2/card_summary.md --out drafters/smollm2-135m-instruct
 """
 
@@ -49,7 +49,7 @@ def main() -> None:
         num_clusters=drafter.config.num_clusters,
         training=args.training.read_text() if args.training.is_file() else "See recipes/smollm2/run.sh.",
         summary=args.summary.read_text().strip() if args.summary.is_file() else "",
-        results=results.read_text() if results.is_file() else "Not measured yet.",
+        results=results.read_text().replace("\n## ", "\n### ") if results.is_file() else "Not measured yet.",
         defaults=", ".join(f"`{k}={v!r}`" for k, v in drafter.generation_config.speculative_fields().items()),
         hardware=f"{meta.get('machine') or machine_description()}, fp32 target",
     )
