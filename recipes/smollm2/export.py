@@ -1,10 +1,10 @@
 """Export the trained SmolLM2 drafter into drafters/smollm2-135m-instruct/ (bf16 safetensors, configs, card).
 
-The model card is model_cards/TEMPLATE.md filled with the training facts, the shipped decoding defaults, a
-summary of the results (a markdown file written for the card) and the measured Spec-Bench tables.
+The model card is model_cards/TEMPLATE.md filled with the training facts, the shipped decoding defaults, the
+results summary (`summarize.py`, computed from the run) and the measured Spec-Bench tables.
 
-    python recipes/smollm2/export.py --ckpt runs/smollm2/ckpt2 --bench benchmarks/results/cpu-smollm2-limit8 \
-        --summary recipes/smollm2/card_summary.md --out drafters/smollm2-135m-instruct
+    python recipes/smollm2/export.py --ckpt runs/smollm2/ckpt2 --bench benchmarks/results/cpu-smollm2-limit16 \
+        --out drafters/smollm2-135m-instruct
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import torch
+from summarize import summary_text  # recipes/smollm2/summarize.py, beside this script
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.bench import machine_description
@@ -28,8 +29,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "drafters/smollm2-135m-instruct")
     parser.add_argument("--training", type=Path, default=ROOT / "runs/smollm2/training.md",
                         help="markdown paragraph describing the training run")
-    parser.add_argument("--summary", type=Path, default=ROOT / "recipes/smollm2/card_summary.md",
-                        help="markdown summary of the results, placed above the full tables")
     parser.add_argument("--generation-config", type=json.loads, default=None,
                         help='speculative defaults to ship, e.g. \'{"num_draft_nodes": 8, "draft_depth": 4}\'')
     args = parser.parse_args()
@@ -48,7 +47,7 @@ def main() -> None:
         repo_id="hf-dynaspec/SmolLM2-135M-Instruct-DynaSpec",
         num_clusters=drafter.config.num_clusters,
         training=args.training.read_text() if args.training.is_file() else "See recipes/smollm2/run.sh.",
-        summary=args.summary.read_text().strip() if args.summary.is_file() else "",
+        summary=summary_text(args.bench) if measured.is_file() else "",
         results=results.read_text().replace("\n## ", "\n### ") if results.is_file() else "Not measured yet.",
         defaults=", ".join(f"`{k}={v!r}`" for k, v in drafter.generation_config.speculative_fields().items()),
         hardware=f"{meta.get('machine') or machine_description()}, fp32 target",
