@@ -4,7 +4,7 @@ README's "Results so far".
 Every number comes from the run's `results.json` (and `early-exit/results.json` when that side run exists),
 so the summary cannot drift from the measurements.
 
-    python recipes/smollm2/summarize.py --bench benchmarks/results/cpu-smollm2-limit16
+    python recipes/smollm2/summarize.py --bench benchmarks/results/cpu-smollm2-limit24
 """
 
 from __future__ import annotations
