@@ -72,7 +72,8 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
     def get_candidates(self, input_ids: torch.LongTensor, max_depth: int | None = None, **kwargs):
         """Draft a tree rooted at input_ids[0, -1]; returns (committed ids + tree nodes, None)."""
         start, router_start = time.perf_counter(), self.drafter.router.seconds
-        limit = self.settings.draft_depth if max_depth is None else max_depth  # tokens left to generate - 1
+        # depth limit for drafts and the lookup branch: decoding passes tokens left to generate - 1
+        limit = self.settings.draft_depth if max_depth is None else max_depth
         self._pool = DraftTree(root_token=int(input_ids[0, -1]))
         self._features, self._slots = {0: self._root_feature}, {}
         self.tree = grow_tree(self._pool, self.expand, self.settings, limit, self._lookup(input_ids[0]))

@@ -98,7 +98,8 @@ class DynaSpecGenerationConfig(GenerationConfig):
 
 @dataclass(frozen=True)
 class DraftSettings:
-    """Concrete, validated settings of one generate() call."""
+    """Concrete, validated settings of one generate() call (every field set by `resolve_draft_settings`;
+    the defaults live in DEFAULT_SETTINGS only)."""
 
     tree_policy: str
     num_draft_nodes: int
@@ -107,10 +108,10 @@ class DraftSettings:
     head_mode: str
     shortlist_k0: int
     shortlist_k1: int
-    min_draft_prob: float = 0.0
-    lookup_num_tokens: int = 0
-    lookup_max_ngram: int = 3
-    lookup_min_ngram: int = 1
+    min_draft_prob: float
+    lookup_num_tokens: int
+    lookup_max_ngram: int
+    lookup_min_ngram: int
 
 
 def check_speculative_fields(fields: dict[str, Any]) -> None:

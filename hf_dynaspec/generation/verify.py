@@ -41,16 +41,17 @@ class WalkResult:
 @dataclass
 class NodeLogits:
     """Raw target logits at tree nodes, each (1, V) fp32: precomputed rows, the rest made on demand by
-    `head` (the target's output embedding) from `hidden` (n, d), the final (normed) hidden states."""
+    `head` (the target's output embedding) from `hidden` (n, d), the final (normed) hidden states
+    (both None when every row is precomputed)."""
 
-    hidden: torch.Tensor
+    hidden: torch.Tensor | None
     head: torch.nn.Module | None
     rows: dict[int, torch.Tensor]
 
     @classmethod
     def from_tensor(cls, logits: torch.Tensor) -> NodeLogits:
         """Every row known: logits (n, V)."""
-        return cls(hidden=logits, head=None, rows={i: logits[i : i + 1].float() for i in range(logits.shape[0])})
+        return cls(hidden=None, head=None, rows={i: logits[i : i + 1].float() for i in range(logits.shape[0])})
 
     def row(self, node: int) -> torch.Tensor:
         if node not in self.rows:
