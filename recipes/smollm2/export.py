@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import torch
-from summarize import summary_text  # recipes/smollm2/summarize.py, beside this script
+from summarize import describe_defaults, summary_text  # recipes/smollm2/summarize.py, beside this script
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.bench import machine_description
@@ -49,7 +49,7 @@ def main() -> None:
         training=args.training.read_text() if args.training.is_file() else "See recipes/smollm2/run.sh.",
         summary=summary_text(args.bench) if measured.is_file() else "",
         results=results.read_text().replace("\n## ", "\n### ") if results.is_file() else "Not measured yet.",
-        defaults=", ".join(f"`{k}={v!r}`" for k, v in drafter.generation_config.speculative_fields().items()),
+        defaults=describe_defaults(drafter.generation_config.speculative_fields()),
         hardware=f"{meta.get('machine') or machine_description()}, fp32 target",
     )
     (args.out / "README.md").write_text(card)

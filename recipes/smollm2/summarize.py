@@ -14,8 +14,10 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from hf_dynaspec import DynaSpecGenerationConfig
 from hf_dynaspec.bench import Record, Summary, headline_table, summarize
 
+ROOT = Path(__file__).resolve().parents[2]
 TUNING_IDS = Path(__file__).with_name("tuning_question_ids.json")  # prompts the default tree was chosen on
 
 # row labels of the overall table, in order; methods missing from the run are skipped
@@ -37,7 +39,7 @@ def load(path: Path) -> tuple[dict, list[Summary]]:
     return payload, [Summary(**s) for s in payload["summaries"]]
 
 
-def overall_row(s: Summary, vocab: int, side_run: str = "") -> str:
+def overall_row(s: Summary, vocab: float, side_run: str = "") -> str:
     if s.method in ("plain", "prompt-lookup", "early-exit"):
         name = LABELS[s.method] + (f" ({s.tokens_per_s:.1f} tok/s)" if s.method == "plain" else "") + side_run
         return f"| {name} | {s.speedup:.2f}x | | | |"
@@ -47,6 +49,17 @@ def overall_row(s: Summary, vocab: int, side_run: str = "") -> str:
     recall = f" ({s.shortlist_recall:.1%})" if s.shortlist_recall is not None and s.shortlist_recall < 1 else ""
     shortlist = f"{s.mean_shortlist_size:,.0f} = {s.mean_shortlist_size / vocab:.1%}{recall}"
     return f"| {LABELS[s.method]} | {s.speedup:.2f}x | {accepted} | {recovery} | {shortlist} |"
+
+
+def describe_defaults(fields: dict) -> str:
+    """"`tree_policy='eagle2'`, `num_draft_nodes=8`, ...": a drafter's speculative defaults."""
+    return ", ".join(f"`{k}={v!r}`" for k, v in fields.items())
+
+
+def drafter_defaults(drafter: str) -> str:
+    """The speculative defaults of the drafter a run measured (its folder, relative to the repo root)."""
+    config = DynaSpecGenerationConfig.from_pretrained(ROOT / drafter)
+    return describe_defaults(config.speculative_fields())
 
 
 def held_out_text(records: list[dict]) -> str:
@@ -66,9 +79,11 @@ def held_out_text(records: list[dict]) -> str:
     )
 
 
-def summary_text(bench: Path, vocab: int = 49152) -> str:
+def summary_text(bench: Path) -> str:
     payload, summaries = load(bench / "results.json")
+    meta = payload["meta"]
     overall = {s.method: s for s in summaries if s.category == "overall"}
+    vocab = overall["full"].mean_shortlist_size  # the full head's "shortlist" is the whole vocabulary
     side, note = bench / "early-exit" / "results.json", ""
     if side.is_file():
         side_payload, side_summaries = load(side)
@@ -86,12 +101,11 @@ def summary_text(bench: Path, vocab: int = 49152) -> str:
     per_category = Counter(r["category"] for r in records if r["method"] == "plain")
     lift = f" from {bare.mean_accepted_length:.2f} to {dyn.mean_accepted_length:.2f}" if bare else ""
     return "\n".join([
-        f"Spec-Bench, {payload['meta']['prompts']} prompts (the first {max(per_category.values())} of each category, or "
-        f"all of a smaller one), "
-        f"greedy, {payload['meta']['max_new_tokens']} new tokens, fp32 target, 2 CPU cores, batch 1; {mismatches} "
-        f"mismatches with plain greedy over {len(speculative)} speculative runs. Full tables, per-prompt records and "
-        f"plots: `{bench.as_posix()}/`. The shipped default (`generation_config.json`) is an 8-node EAGLE-2 tree "
-        "(depth 5, top-3, `min_draft_prob=0.1`) with an 8-token lookup branch. " + held_out_text(records),
+        f"Spec-Bench, {meta['prompts']} prompts (the first {max(per_category.values())} of each category, or "
+        f"all of a smaller one), greedy, {meta['max_new_tokens']} new tokens, fp32 target, batch 1, on "
+        f"{meta['machine']}; {mismatches} mismatches with plain greedy over {len(speculative)} speculative runs. "
+        f"Full tables, per-prompt records and plots: `{bench.as_posix()}/`. The drafter's defaults "
+        f"(`generation_config.json`): {drafter_defaults(meta['drafter'])}. " + held_out_text(records),
         "",
         "| method | speedup vs plain | accepted length | recovery vs full head | mean shortlist (recall) |",
         "|---|---|---|---|---|",
