@@ -2,9 +2,11 @@
 
 - `verify_forward`: the target runs once over [root, nodes...] on top of its cache with a 4D tree mask (each
   node sees the committed prefix and its own ancestors) and per-node positions (prefix length + depth).
-  With `walk_logits`, only the root's logits come out of that pass; `NodeLogits` applies the target's LM
-  head to a node's final hidden state when the walk reaches it, so a step pays for (accepted + 1) rows of
-  the LM head instead of n (on CPU the head is ~20% of SmolLM2's weights and its cost grows with rows).
+  With `walk_logits`, that pass computes logits only for the likeliest walk (the root and its chain of best
+  children, `WALK_ROWS` nodes: on CPU a few rows cost one, since BLAS streams the head's weights once for
+  up to 3 rows); `NodeLogits` applies the target's LM head to any other node's final hidden state when
+  the walk reaches it. So a step pays for about one head pass instead of n rows (on CPU the head is ~20%
+  of SmolLM2's weights and its cost grows with rows).
 - `walk_tree`: from the root, the target picks the next token with the user's logits processors applied to
   its logits at that node (greedy: argmax; sampling: see `_sample_child`), and the walk follows the child
   drafting that token. The last pick is the bonus token. So the output is the target's own choice at every
@@ -70,13 +72,25 @@ def head_reproduces_logits(target: torch.nn.Module, hidden: torch.Tensor, logits
     return mine.shape == logits.shape and torch.allclose(mine, logits.float(), rtol=1e-4, atol=1e-4)
 
 
+WALK_ROWS = 3  # LM-head rows computed in the verification pass with walk_logits (one head pass on CPU BLAS)
+
+
+def likely_walk(tree: VerifyTree, length: int = WALK_ROWS) -> list[int]:
+    """The root and the chain of first children below it (each node's best-scored child), `length` at most."""
+    path = [0]
+    while len(path) < length and tree.children[path[-1]]:
+        path.append(tree.children[path[-1]][0])
+    return path
+
+
 def verify_forward(
     target: torch.nn.Module, cache: DynamicCache, tree: VerifyTree, past_length: int, walk_logits: bool = False
 ) -> tuple[NodeLogits, torch.Tensor]:
-    """Target logits at every tree node (all computed, or with `walk_logits` the root's only and the rest
-    on demand) and last hidden states (n, d), root included."""
+    """Target logits at every tree node (all computed, or with `walk_logits` those of `likely_walk` and the
+    rest on demand) and last hidden states (n, d), root included."""
     device = target.device
     n = tree.num_nodes
+    rows = likely_walk(tree) if walk_logits else None
     allowed = torch.cat([torch.ones(n, past_length, dtype=torch.bool), tree.ancestor], dim=1)  # (n, past + n)
     mask = additive_mask(allowed.to(device), target.dtype)  # (1, 1, n, past + n)
     position_ids = (past_length + tree.depths).to(device)[None]  # (1, n)
@@ -87,11 +101,12 @@ def verify_forward(
         cache=cache,
         use_cache=True,
         output_hidden_states=True,
-        **({"logits_to_keep": torch.tensor([0], device=device)} if walk_logits else {}),
+        **({"logits_to_keep": torch.tensor(rows, device=device)} if walk_logits else {}),
     )
     hidden = out.hidden_states[-1][0]  # (n, d)
     if walk_logits:
-        return NodeLogits(hidden, target.get_output_embeddings(), {0: out.logits[0, :1].float()}), hidden
+        known = {node: out.logits[0, i : i + 1].float() for i, node in enumerate(rows)}  # each (1, V)
+        return NodeLogits(hidden, target.get_output_embeddings(), known), hidden
     return NodeLogits.from_tensor(out.logits[0]), hidden
 
 
