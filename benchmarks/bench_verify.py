@@ -2,8 +2,9 @@
 
 Speculative decoding pays one target forward over the root + n - 1 draft nodes per step; on CPU its cost is
 not flat in n, so the best tree size depends on where it bends. Prints ms per forward and the ratio to n = 1
-with logits for all n tokens, with the root's logits only (as CPU verification runs: the walk applies the LM
-head to the few nodes it visits, `generation.verify.NodeLogits`), and with all logits for the weights
+with logits for all n tokens, with logits for the first 3 only (as CPU verification runs: the likeliest walk's
+rows in the pass, the LM head applied on demand to other nodes the walk visits, `generation.verify`), and
+with all logits for the weights
 re-laid by `hf_dynaspec.prepare_for_cpu` (each number: the median of `--repeats` runs, the cache cropped back
 after each run).
 
@@ -14,33 +15,13 @@ after each run).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 from transformers import DynamicCache
 
 from hf_dynaspec.cpu import prepare_for_cpu
-from hf_dynaspec.modeling import causal_mask
+from hf_dynaspec.generation.cost import time_forward
 from hf_dynaspec.targets import load_target
-
-
-@torch.no_grad()
-def time_forward(target, cache: DynamicCache, context: int, n: int, repeats: int, root_only: bool = False) -> float:
-    """Median seconds of a causal target forward over n new tokens after `context` cached ones (with
-    `root_only`, logits for the first of them only)."""
-    ids = torch.randint(0, target.config.vocab_size, (1, n))
-    mask = causal_mask(n, context, target.dtype, target.device)  # (1, 1, n, context + n), as verification
-    positions = torch.arange(context, context + n)[None]
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        target(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-               output_hidden_states=True, **({"logits_to_keep": torch.tensor([0])} if root_only else {}))
-        times.append(time.perf_counter() - start)
-        for layer in cache.layers:  # drop the n tokens again
-            layer.keys, layer.values = layer.keys[:, :, :context], layer.values[:, :, :context]
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -59,13 +40,13 @@ def main() -> None:
         target(input_ids=torch.randint(0, target.config.vocab_size, (1, args.context)), cache=cache, use_cache=True)
     sizes = range(1, args.max_nodes + 1)
     loaded = [time_forward(target, cache, args.context, n, args.repeats) for n in sizes]
-    root = [time_forward(target, cache, args.context, n, args.repeats, root_only=True) for n in sizes]
+    walk = [time_forward(target, cache, args.context, n, args.repeats, walk_logits=True) for n in sizes]
     prepare_for_cpu(target)
     relaid = [time_forward(target, cache, args.context, n, args.repeats) for n in sizes]
     print(f"target {args.target}, context {args.context}, {torch.get_num_threads()} threads, {target.dtype}")
-    print("| n tokens | all logits: ms | x (n = 1) | root logits only: ms | x (n = 1) | re-laid, all logits: ms "
+    print("| n tokens | all logits: ms | x (n = 1) | walk logits (3 rows): ms | x (n = 1) | re-laid, all logits: ms "
           "| x (n = 1) |\n|---|---|---|---|---|---|---|")
-    for n, a, r, b in zip(sizes, loaded, root, relaid):
+    for n, a, r, b in zip(sizes, loaded, walk, relaid):
         print(f"| {n} | {a * 1e3:.1f} | {a / loaded[0]:.2f} | {r * 1e3:.1f} | {r / loaded[0]:.2f} | {b * 1e3:.1f} "
               f"| {b / loaded[0]:.2f} |")
 

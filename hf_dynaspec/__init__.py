@@ -9,6 +9,7 @@ from .configuration import DynaSpecConfig
 from .cpu import prepare_for_cpu
 from .generation import DynaSpecGenerateOutput, DynaSpecGenerationConfig, SpeculativeStats
 from .generation.candidates import DynaSpecCandidateGenerator
+from .generation.cost import measure_verify_costs
 from .generation.hook import install as _install_generate_hook
 from .modeling import DrafterOutput, DynaSpecDrafter
 from .ops import gathered_lm_head
@@ -26,6 +27,7 @@ __all__ = [
     "DynaSpecGenerationConfig",
     "SpeculativeStats",
     "gathered_lm_head",
+    "measure_verify_costs",
     "prepare_for_cpu",
     "__version__",
 ]

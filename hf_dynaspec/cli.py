@@ -171,6 +171,19 @@ def _add_speculative(parser: argparse.ArgumentParser) -> None:
                         help="graft a prompt-lookup branch of this many tokens onto the tree (0: off)")
     parser.add_argument("--lookup-max-ngram", type=int, default=None)
     parser.add_argument("--lookup-min-ngram", type=int, default=None)
+    parser.add_argument("--verify-costs", type=verify_costs_arg, default=None,
+                        help="trim trees to what verification pays for: off, auto, or c(1),c(2),... "
+                             "(cost of a target forward over 1, 2, ... tokens)")
+
+
+def verify_costs_arg(text: str) -> str | list[float]:
+    """'off' | 'auto' | '1,1.07,1.16,1.41' for --verify-costs."""
+    if text in ("off", "auto"):
+        return text
+    try:
+        return [float(c) for c in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected off, auto or comma-separated numbers, got {text!r}") from None
 
 
 def cmd_init(args: argparse.Namespace) -> int:

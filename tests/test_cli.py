@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 
+import pytest
 import torch
 
-from hf_dynaspec.cli import main
+from hf_dynaspec.cli import main, verify_costs_arg
 
 
 def test_init_generate_push(tmp_path, capsys):
@@ -15,6 +17,9 @@ def test_init_generate_push(tmp_path, capsys):
     assert (out / "config.json").is_file() and any(p.endswith(".safetensors") for p in os.listdir(out))
     assert main(["generate", "--target", "tiny", "--drafter", str(out), "--prompt", "hello",
                  "--max-new-tokens", "8", "--tree-policy", "dyspec"]) == 0
+    assert "| True |" in capsys.readouterr().out
+    assert main(["generate", "--target", "tiny", "--drafter", str(out), "--prompt", "hello",
+                 "--max-new-tokens", "8", "--verify-costs", "1,1.1,1.5"]) == 0
     assert "| True |" in capsys.readouterr().out
     assert main(["push", str(out), "me/drafter", "--dry-run"]) == 0
     assert "would upload to me/drafter" in capsys.readouterr().out
@@ -69,6 +74,13 @@ def test_method_variants_parse():
     methods = parse_methods("plain,dynaspec[num_draft_nodes=8,tree_policy=dyspec],full")
     assert methods == ["plain", "dynaspec[num_draft_nodes=8,tree_policy=dyspec]", "full"]
     assert method_settings(methods[1]) == {"head_mode": "dynamic", "num_draft_nodes": 8, "tree_policy": "dyspec"}
+    assert method_settings("dynaspec[verify_costs=auto]")["verify_costs"] == "auto"
+
+
+def test_verify_costs_flag_parses():
+    assert verify_costs_arg("auto") == "auto" and verify_costs_arg("1,1.5") == [1.0, 1.5]
+    with pytest.raises(argparse.ArgumentTypeError, match="comma-separated"):
+        verify_costs_arg("fast")
 
 
 def test_bench_keeps_the_median_of_repeats(monkeypatch):

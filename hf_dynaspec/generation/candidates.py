@@ -22,6 +22,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from ..modeling import DynaSpecDrafter, additive_mask, causal_mask
 from .config import DraftSettings
+from .cost import AcceptanceTracker, VerifyCosts, trim_to_cost
 from .lookup import find_continuation
 from .stats import SpeculativeStats
 from .tree import DraftTree, VerifyTree, grow_tree
@@ -46,6 +47,8 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         self._pool: DraftTree | None = None
         self._features: dict[int, torch.Tensor] = {}  # pool node -> drafter output feature (d,)
         self._slots: dict[int, int] = {}  # pool node -> drafter cache index
+        self.costs: VerifyCosts | None = None  # set: trim each tree to what its verification cost pays for
+        self.acceptance = AcceptanceTracker()
 
     # ------------------------------------------------------------------ committed sequence
     @torch.no_grad()
@@ -73,10 +76,13 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         """Draft a tree rooted at input_ids[0, -1]; returns (committed ids + tree nodes, None)."""
         start, router_start = time.perf_counter(), self.drafter.router.seconds
         # depth limit for drafts and the lookup branch: decoding passes tokens left to generate - 1
-        limit = self.settings.draft_depth if max_depth is None else max_depth
+        settings = self.settings
+        limit = max(settings.draft_depth, settings.lookup_num_tokens) if max_depth is None else max_depth
         self._pool = DraftTree(root_token=int(input_ids[0, -1]))
         self._features, self._slots = {0: self._root_feature}, {}
-        self.tree = grow_tree(self._pool, self.expand, self.settings, limit, self._lookup(input_ids[0]))
+        self.tree = grow_tree(self._pool, self.expand, settings, limit, self._lookup(input_ids[0]))
+        if self.costs is not None:
+            self.tree = trim_to_cost(self.tree, self.costs, self.acceptance)
         crop_cache(self.cache, self.committed)
         self.stats.draft_time += time.perf_counter() - start
         self.stats.router_time += self.drafter.router.seconds - router_start
@@ -94,10 +100,13 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
 
     def note_walk(self, path: list[int], new_tokens: list[int]) -> None:
         """After verification: shortlist recall (was the target's token after the root in the root's
-        shortlist?) and how many accepted drafts came from the lookup branch."""
+        shortlist?), how many accepted drafts came from the lookup branch, and (when trimming to cost) the
+        acceptance estimates."""
         if self._root_shortlist is not None:
             self.stats.add_recall(bool((self._root_shortlist == new_tokens[0]).any()))
         self.stats.lookup_tokens += int(self.tree.grafted[path].sum())
+        if self.costs is not None:
+            self.acceptance.update(self.tree, path)
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores, num_matches: int) -> None:
         """The tree adapts itself each step; nothing to update."""

@@ -10,6 +10,7 @@ weights), as transformers does for assistants. A `DynaSpecGenerationConfig` pass
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,12 +30,14 @@ SPEC_FIELDS = (
     "lookup_num_tokens",
     "lookup_max_ngram",
     "lookup_min_ngram",
+    "verify_costs",
 )
 # Default tree for CPUs (small: verification of many nodes is costly there; see docs/architecture.md).
 DEFAULT_SETTINGS = dict(
     tree_policy="eagle2", num_draft_nodes=12, draft_depth=5, draft_top_k=4, head_mode="dynamic", min_draft_prob=0.0,
-    lookup_num_tokens=8, lookup_max_ngram=3, lookup_min_ngram=1,
+    lookup_num_tokens=8, lookup_max_ngram=3, lookup_min_ngram=1, verify_costs="off",
 )
+MAX_VERIFY_COSTS = 1025  # c(1..n) for every tree the budget allows (1 + 1024 nodes)
 
 
 class DynaSpecGenerationConfig(GenerationConfig):
@@ -57,6 +60,9 @@ class DynaSpecGenerationConfig(GenerationConfig):
             occurrence of the sequence's last n tokens (prompt lookup), grafted onto the tree as one more
             root path (0: off). Helps where answers copy the prompt or repeat themselves.
         lookup_max_ngram / lookup_min_ngram (`int`): n-gram sizes tried for the lookup, longest first.
+        verify_costs (`str` or `list[float]`): trim each tree to the nodes worth their verification cost
+            (`generation.cost`): "off", "auto" (time the target's forwards once, on the first call), or the
+            costs c(1), c(2), ... of a target forward over 1, 2, ... tokens, in decoding steps.
     """
 
     def __init__(
@@ -72,6 +78,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         lookup_num_tokens: int | None = None,
         lookup_max_ngram: int | None = None,
         lookup_min_ngram: int | None = None,
+        verify_costs: str | list[float] | None = None,
         **kwargs: Any,
     ) -> None:
         self.tree_policy = tree_policy
@@ -85,6 +92,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         self.lookup_num_tokens = lookup_num_tokens
         self.lookup_max_ngram = lookup_max_ngram
         self.lookup_min_ngram = lookup_min_ngram
+        self.verify_costs = list(verify_costs) if isinstance(verify_costs, tuple) else verify_costs
         super().__init__(**kwargs)
 
     def speculative_fields(self) -> dict[str, Any]:
@@ -112,6 +120,7 @@ class DraftSettings:
     lookup_num_tokens: int
     lookup_max_ngram: int
     lookup_min_ngram: int
+    verify_costs: str | tuple[float, ...]
 
 
 def check_speculative_fields(fields: dict[str, Any]) -> None:
@@ -128,6 +137,8 @@ def check_speculative_fields(fields: dict[str, Any]) -> None:
         "lookup_min_ngram": (1, 64),
     }
     for name, value in fields.items():
+        if name == "verify_costs":
+            check_verify_costs(value)
         if name == "min_draft_prob" and (isinstance(value, bool) or not isinstance(value, (int, float))
                                          or not 0.0 <= value < 1.0):
             raise ValueError(f"DynaSpecGenerationConfig.min_draft_prob must be a number in [0, 1), got {value!r}.")
@@ -139,6 +150,20 @@ def check_speculative_fields(fields: dict[str, Any]) -> None:
                 raise ValueError(
                     f"DynaSpecGenerationConfig.{name} must be an integer in [{low}, {high}], got {value!r}."
                 )
+
+
+def check_verify_costs(value: Any) -> None:
+    if value in ("off", "auto"):
+        return
+    numbers = isinstance(value, (list, tuple)) and all(
+        isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c > 0 for c in value
+    )
+    if not numbers or not 1 <= len(value) <= MAX_VERIFY_COSTS:
+        raise ValueError(
+            "DynaSpecGenerationConfig.verify_costs must be 'off', 'auto' or a list of positive numbers c(1), "
+            f"c(2), ... (the cost of a target forward over 1, 2, ... tokens; at most {MAX_VERIFY_COSTS}), "
+            f"got {value!r}."
+        )
 
 
 def default_drafter_generation_config(shortlist_k0: int, shortlist_k1: int) -> DynaSpecGenerationConfig:
@@ -167,6 +192,8 @@ def resolve_draft_settings(
             raise ValueError(
                 f"DynaSpecGenerationConfig.{name}={merged[name]} exceeds the drafter's {num_clusters} clusters."
             )
+    if isinstance(merged["verify_costs"], list):
+        merged["verify_costs"] = tuple(float(c) for c in merged["verify_costs"])
     if merged["tree_policy"] == "chain":
         merged["draft_top_k"] = 1
         merged["num_draft_nodes"] = min(merged["num_draft_nodes"], merged["draft_depth"])

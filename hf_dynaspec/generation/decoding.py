@@ -22,6 +22,7 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 from ..modeling import DynaSpecDrafter
 from .candidates import DynaSpecCandidateGenerator
 from .config import resolve_draft_settings
+from .cost import verify_costs_for
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
 from .verify import head_reproduces_logits, keep_accepted, verify_forward, walk_tree
 
@@ -103,6 +104,7 @@ def speculative_decode(
     )
     with torch.no_grad():
         prefill(target, generator, run)
+        generator.costs = verify_costs_for(settings, target, walk_logits=run.walk_logits)
         while not run.finished:
             speculative_step(target, generator, run)
     if streamer is not None:
