@@ -3,7 +3,7 @@
 The model card is model_cards/TEMPLATE.md filled with the training facts, the shipped decoding defaults, the
 results summary (`summarize.py`, computed from the run) and the measured Spec-Bench tables.
 
-    python recipes/smollm2/export.py --ckpt runs/smollm2/ckpt2 --bench benchmarks/results/cpu-smollm2-limit24 \
+    python recipes/smollm2/export.py --ckpt runs/smollm2/ckpt2 --bench benchmarks/results/cpu-smollm2-full \
         --out drafters/smollm2-135m-instruct
 """
 

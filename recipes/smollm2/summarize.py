@@ -4,7 +4,7 @@ README's "Results so far".
 Every number comes from the run's `results.json` (and `early-exit/results.json` when that side run exists),
 so the summary cannot drift from the measurements.
 
-    python recipes/smollm2/summarize.py --bench benchmarks/results/cpu-smollm2-limit24
+    python recipes/smollm2/summarize.py --bench benchmarks/results/cpu-smollm2-full
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from hf_dynaspec import DynaSpecGenerationConfig
-from hf_dynaspec.bench import Record, Summary, headline_table, summarize
+from hf_dynaspec.bench import Record, Summary, headline_table, load_bench_prompts, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 TUNING_IDS = Path(__file__).with_name("tuning_question_ids.json")  # prompts the default tree was chosen on
@@ -79,6 +79,18 @@ def held_out_text(records: list[dict]) -> str:
     )
 
 
+def verification_cost(records: list[dict], method: str = "dynaspec") -> tuple[float, float]:
+    """(mean cost of one verification, forward and walk, in plain decoding steps; the speedup over plain
+    the same steps would give if a verification cost one plain step), over the whole run."""
+    plain = [r for r in records if r["method"] == "plain"]
+    spec = [r for r in records if r["method"] == method]
+    plain_seconds = sum(r["seconds"] for r in plain)
+    plain_step = plain_seconds / sum(r["new_tokens"] for r in plain)  # seconds per token, prefill included
+    steps, verify = sum(r["steps"] for r in spec), sum(r["verify_s"] for r in spec)
+    as_one_step = sum(r["seconds"] for r in spec) - verify + steps * plain_step
+    return verify / steps / plain_step, plain_seconds / as_one_step
+
+
 def summary_text(bench: Path) -> str:
     payload, summaries = load(bench / "results.json")
     meta = payload["meta"]
@@ -100,9 +112,13 @@ def summary_text(bench: Path) -> str:
     bare = overall.get("dynaspec[lookup_num_tokens=0]")
     per_category = Counter(r["category"] for r in records if r["method"] == "plain")
     lift = f" from {bare.mean_accepted_length:.2f} to {dyn.mean_accepted_length:.2f}" if bare else ""
+    cost, as_one_step = verification_cost(records)
+    scope = (
+        "all of them, 13 categories" if meta["prompts"] == len(load_bench_prompts())
+        else f"the first {max(per_category.values())} of each category, or all of a smaller one"
+    )
     return "\n".join([
-        f"Spec-Bench, {meta['prompts']} prompts (the first {max(per_category.values())} of each category, or "
-        f"all of a smaller one), greedy, {meta['max_new_tokens']} new tokens, fp32 target, batch 1, on "
+        f"Spec-Bench, {meta['prompts']} prompts ({scope}), greedy, {meta['max_new_tokens']} new tokens, fp32 target, batch 1, on "
         f"{meta['machine']}; {mismatches} mismatches with plain greedy over {len(speculative)} speculative runs. "
         f"Full tables, per-prompt records and plots: `{bench.as_posix()}/`. The drafter's defaults "
         f"(`generation_config.json`): {drafter_defaults(meta['drafter'])}. " + held_out_text(records),
@@ -121,7 +137,10 @@ def summary_text(bench: Path) -> str:
         f"but on this CPU a static frequency shortlist of the same size is as good ({static.speedup:.2f}x vs "
         f"{dyn.speedup:.2f}x; recall {static.shortlist_recall:.0%} vs {dyn.shortlist_recall:.0%}). Verification is "
         f"{dyn.verify_share:.0%} of DynaSpec's time, drafting {dyn.draft_share:.0%} (head {dyn.head_share:.0%}, "
-        f"router {dyn.router_share:.1%}); {full.head_share:.0%} of the full-head run goes to its head.",
+        f"router {dyn.router_share:.1%}); {full.head_share:.0%} of the full-head run goes to its head. One "
+        f"verification (target forward over the tree, then the walk) costs {cost:.2f} plain decoding steps on "
+        f"average; were it as cheap as one step (as on GPUs for small trees), the same accepted lengths would "
+        f"give {as_one_step:.2f}x.",
     ])
 
 
