@@ -2,7 +2,7 @@
 of target time (`verify_costs` in `DynaSpecGenerationConfig`; off by default).
 
 A target forward over n tokens costs c(n) decoding steps. On GPUs c is flat for small n; on CPUs it rises in
-steps (SmolLM2-135M, 2 threads: c(2) = 1.07, c(3) = 1.16, c(4) = 1.41, c(8) = 1.56; `bench_verify.py`), so
+steps (SmolLM2-135M, 2 threads: c(2) = 1.10, c(3) = 1.17, c(4) = 1.42, c(8) = 1.60; `bench_verify.py`), so
 a node is worth verifying only if it is accepted often enough to pay for its share of the forward. With a_i
 the chance that the walk accepts node i, a step that verifies the root and nodes S emits 1 + sum_{i in S} a_i
 tokens on average (the 1: the target's own token after the last accepted one) at cost c(|S| + 1). Ranking
@@ -54,7 +54,9 @@ class VerifyCosts:
     costs: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        if not self.costs or not all(isinstance(c, (int, float)) and math.isfinite(c) and c > 0 for c in self.costs):
+        if not self.costs or not all(
+            isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c > 0 for c in self.costs
+        ):
             raise ValueError(f"verify_costs must be positive finite numbers c(1), c(2), ..., got {self.costs!r}.")
 
     def __call__(self, n: int) -> float:
