@@ -37,6 +37,8 @@ def test_verify_costs_extrapolate_by_the_last_step_and_refuse_nonsense():
     assert VerifyCosts((1.0,))(9) == 1.0
     with pytest.raises(ValueError, match="positive"):
         VerifyCosts((1.0, -2.0))
+    with pytest.raises(ValueError, match="positive"):
+        VerifyCosts((True, 1.5))
     with pytest.raises(ValueError, match="verify_costs"):
         DynaSpecGenerationConfig(verify_costs=[1.0, 0.0])
     with pytest.raises(ValueError, match="verify_costs"):
