@@ -4,9 +4,8 @@ Speculative decoding pays one target forward over the root + n - 1 draft nodes p
 not flat in n, so the best tree size depends on where it bends. Prints ms per forward and the ratio to n = 1
 with logits for all n tokens, with logits for the first 3 only (as CPU verification runs: the likeliest walk's
 rows in the pass, the LM head applied on demand to other nodes the walk visits, `generation.verify`), and
-with all logits for the weights
-re-laid by `hf_dynaspec.prepare_for_cpu` (each number: the median of `--repeats` runs, the cache cropped back
-after each run).
+with all logits for the weights re-laid by `hf_dynaspec.prepare_for_cpu` (each number: the median of
+`--repeats` runs, the cache cropped back after each run).
 
     python benchmarks/bench_verify.py --target tiny --max-nodes 6 --context 64
     python benchmarks/bench_verify.py --target smollm2 --threads 2

@@ -152,13 +152,17 @@ def check_speculative_fields(fields: dict[str, Any]) -> None:
                 )
 
 
+def are_positive_costs(values: Any) -> bool:
+    """A non-empty list / tuple of positive finite numbers (booleans refused): a valid cost table c(1), c(2), ..."""
+    return isinstance(values, (list, tuple)) and len(values) > 0 and all(
+        isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c > 0 for c in values
+    )
+
+
 def check_verify_costs(value: Any) -> None:
     if value in ("off", "auto"):
         return
-    numbers = isinstance(value, (list, tuple)) and all(
-        isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c > 0 for c in value
-    )
-    if not numbers or not 1 <= len(value) <= MAX_VERIFY_COSTS:
+    if not are_positive_costs(value) or len(value) > MAX_VERIFY_COSTS:
         raise ValueError(
             "DynaSpecGenerationConfig.verify_costs must be 'off', 'auto' or a list of positive numbers c(1), "
             f"c(2), ... (the cost of a target forward over 1, 2, ... tokens; at most {MAX_VERIFY_COSTS}), "

@@ -25,7 +25,6 @@ c comes from `measure_verify_costs` (timed target forwards, memoised per target 
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 import weakref
@@ -36,9 +35,9 @@ import torch
 from transformers import DynamicCache
 
 from ..modeling import causal_mask
-from .config import DraftSettings
+from .config import DraftSettings, are_positive_costs
 from .tree import VerifyTree
-from .verify import WALK_ROWS
+from .verify import WALK_ROWS, crop_cache
 
 CALIBRATION_CONTEXT = 128  # cached tokens under the timed forwards (the cost barely moves with context)
 CALIBRATION_REPEATS = 3  # median of this many timed forwards per size
@@ -54,9 +53,7 @@ class VerifyCosts:
     costs: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        if not self.costs or not all(
-            isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c > 0 for c in self.costs
-        ):
+        if not are_positive_costs(self.costs):
             raise ValueError(f"verify_costs must be positive finite numbers c(1), c(2), ..., got {self.costs!r}.")
 
     def __call__(self, n: int) -> float:
@@ -88,16 +85,17 @@ class AcceptanceTracker:
     def update(self, tree: VerifyTree, path: list[int]) -> None:
         """Count the nodes whose parent is on the accepted `path`: each was tested by the target."""
         on_path = set(path)
-        q = conditional_draft_probs(tree)
+        q = conditional_draft_probs(tree).tolist()
+        parents, grafted = tree.parents.tolist(), tree.grafted.tolist()
         for node in range(1, tree.num_nodes):
-            if int(tree.parents[node]) not in on_path:
+            if parents[node] not in on_path:
                 continue
             accepted = float(node in on_path)
-            if bool(tree.grafted[node]):
+            if grafted[node]:
                 self.lookup_tested += 1.0
                 self.lookup_accepted += accepted
             else:
-                self.drafted_expected += float(q[node])
+                self.drafted_expected += q[node]
                 self.drafted_accepted += accepted
 
 
@@ -176,8 +174,7 @@ def time_forward(
                output_hidden_states=True, **keep)
         _synchronize(device)
         times.append(time.perf_counter() - start)
-        for layer in cache.layers:  # drop the n tokens again
-            layer.keys, layer.values = layer.keys[:, :, :context], layer.values[:, :, :context]
+        crop_cache(cache, context)  # drop the n tokens again
     return statistics.median(times)
 
 
@@ -214,7 +211,7 @@ def verify_costs_for(settings: DraftSettings, target: torch.nn.Module, walk_logi
     if settings.verify_costs == "auto":
         largest = 1 + settings.num_draft_nodes + settings.lookup_num_tokens  # root + drafts + lookup branch
         return measure_verify_costs(target, min(largest, MAX_MEASURED), walk_logits)
-    return VerifyCosts(tuple(settings.verify_costs))
+    return VerifyCosts(settings.verify_costs)  # a tuple: resolve_draft_settings made it one
 
 
 def _synchronize(device: torch.device) -> None:
