@@ -8,8 +8,8 @@
 from .configuration import DynaSpecConfig
 from .cpu import prepare_for_cpu
 from .generation import DynaSpecGenerateOutput, DynaSpecGenerationConfig, SpeculativeStats
+from .generation.calibration import measure_verify_costs
 from .generation.candidates import DynaSpecCandidateGenerator
-from .generation.cost import measure_verify_costs
 from .generation.hook import install as _install_generate_hook
 from .modeling import DrafterOutput, DynaSpecDrafter
 from .ops import gathered_lm_head

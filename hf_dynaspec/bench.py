@@ -27,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .generation.config import DynaSpecGenerationConfig
+from .generation.stats import SpeculativeStats
 from .targets import encode_prompt
 
 # transformers' own speculative options that need no extra model: plain generate() keyword arguments
@@ -53,18 +54,8 @@ class Record:
     question_id: str
     seconds: float
     new_tokens: int
-    steps: int = 0
-    accepted_tokens: int = 0
-    shortlist_total: int = 0
-    shortlist_positions: int = 0
-    draft_s: float = 0.0
-    router_s: float = 0.0
-    head_s: float = 0.0
-    verify_s: float = 0.0
-    recall_hits: int = 0
-    recall_checks: int = 0
-    lookup_tokens: int = 0
     matches_plain: bool = True
+    stats: dict | None = None  # SpeculativeStats.to_dict() of a speculative method (None: plain / transformers')
 
 
 @dataclass
@@ -80,6 +71,7 @@ class Summary:
     router_share: float
     head_share: float
     verify_share: float
+    extend_share: float | None  # None: the records predate the timing of the drafter's extend
     mismatches: int
     prompts: int
     extra: dict = field(default_factory=dict)
@@ -219,15 +211,8 @@ def bench_prompt(
         seq, _, stats = timings[-1]
         seconds = statistics.median(t[1] for t in timings)
         plain = seq if method == "plain" else plain
-        rec = Record(method, row["category"], row["question_id"], seconds, seq.shape[1] - input_ids.shape[1])
-        rec.matches_plain = bool(torch.equal(seq, plain))
-        if stats is not None:
-            rec.steps, rec.accepted_tokens = stats.num_steps, sum(stats.accepted_lengths)
-            rec.shortlist_total, rec.shortlist_positions = stats.shortlist_total, stats.shortlist_positions
-            rec.recall_hits, rec.recall_checks = stats.recall_hits, stats.recall_checks
-            rec.lookup_tokens = stats.lookup_tokens
-            rec.draft_s, rec.verify_s = stats.draft_time, stats.verify_time
-            rec.router_s, rec.head_s = stats.router_time, stats.head_time
+        rec = Record(method, row["category"], row["question_id"], seconds, seq.shape[1] - input_ids.shape[1],
+                     matches_plain=bool(torch.equal(seq, plain)), stats=None if stats is None else stats.to_dict())
         if not rec.matches_plain:
             tqdm.write(f"MISMATCH: {method} differs from plain greedy on {row['question_id']}")
         out.append(rec)
@@ -243,22 +228,24 @@ def summarize(records: list[Record]) -> list[Summary]:
     plain_time = {cat: sum(r.seconds for r in recs) for (m, cat), recs in groups.items() if m == "plain"}
     out = []
     for (method, category), recs in groups.items():
-        seconds = sum(r.seconds for r in recs)
-        steps = sum(r.steps for r in recs)
+        seconds = max(sum(r.seconds for r in recs), 1e-9)
+        measured = [SpeculativeStats.from_dict(r.stats) for r in recs if r.stats is not None]
+        stats = SpeculativeStats.merged(measured)
         out.append(Summary(
             method=method, category=category,
-            tokens_per_s=sum(r.new_tokens for r in recs) / max(seconds, 1e-9),
-            speedup=plain_time.get(category, seconds) / max(seconds, 1e-9),
-            mean_accepted_length=sum(r.accepted_tokens for r in recs) / steps if steps else 1.0,
-            mean_shortlist_size=sum(r.shortlist_total for r in recs) / max(1, sum(r.shortlist_positions for r in recs)),
-            shortlist_recall=(sum(r.recall_hits for r in recs) / checks) if (checks := sum(r.recall_checks for r in recs)) else None,
-            draft_share=sum(r.draft_s for r in recs) / max(seconds, 1e-9),
-            router_share=sum(r.router_s for r in recs) / max(seconds, 1e-9),
-            head_share=sum(r.head_s for r in recs) / max(seconds, 1e-9),
-            verify_share=sum(r.verify_s for r in recs) / max(seconds, 1e-9),
+            tokens_per_s=sum(r.new_tokens for r in recs) / seconds,
+            speedup=plain_time.get(category, seconds) / seconds,
+            mean_accepted_length=stats.mean_accepted_length if stats.steps else 1.0,
+            mean_shortlist_size=stats.mean_shortlist_size,
+            shortlist_recall=stats.shortlist_recall if stats.recall_checks else None,
+            draft_share=stats.time("draft") / seconds,
+            router_share=stats.time("router") / seconds,
+            head_share=stats.time("head") / seconds,
+            verify_share=stats.time("verify") / seconds,
+            extend_share=stats.time("extend") / seconds if "extend" in stats.seconds else None,
             mismatches=sum(not r.matches_plain for r in recs),
             prompts=len(recs),
-            extra={"lookup_share": sum(r.lookup_tokens for r in recs) / max(1, sum(r.accepted_tokens for r in recs))},
+            extra={"lookup_share": stats.lookup_share},
         ))
     compare_heads(out)
     return sorted(out, key=lambda s: (s.category != "overall", s.category, s.method))
@@ -321,8 +308,8 @@ def headline_table(summaries: list[Summary], method: str) -> str:
 
 def markdown_table(summaries: list[Summary]) -> str:
     head = ("| category | method | tok/s | speedup | vs full | vs static | accepted length | recovery vs full | "
-            "shortlist | recall | draft % (router, head) | verify % | mismatches |")
-    rows = [head, "|" + "---|" * 13]
+            "shortlist | recall | draft % (router, head) | extend % | verify % | mismatches |")
+    rows = [head, "|" + "---|" * 14]
 
     def fmt(value: float | None, spec: str) -> str:
         return "" if value is None else format(value, spec)
@@ -334,7 +321,7 @@ def markdown_table(summaries: list[Summary]) -> str:
             f"{fmt(x.get('speedup_vs_full'), '.2f')} | {fmt(x.get('speedup_vs_static'), '.2f')} | "
             f"{s.mean_accepted_length:.2f}{lookup_note(s)} | {fmt(x.get('recovery_vs_full'), '.1%')} | {s.mean_shortlist_size:.0f} | "
             f"{fmt(s.shortlist_recall, '.1%')} | {s.draft_share:.0%} ({s.router_share:.1%}, {s.head_share:.0%}) | "
-            f"{s.verify_share:.0%} | {s.mismatches} |"
+            f"{fmt(s.extend_share, '.0%')} | {s.verify_share:.0%} | {s.mismatches} |"
         )
     return "\n".join(rows)
 

@@ -31,6 +31,11 @@ _DROPPED_TARGET_KEYS = (
 SCHEDULES = ("linear", "exponential")
 
 
+def default_shortlist_budget(num_clusters: int) -> tuple[int, int]:
+    """(k0, k1) when not given: 1/8 of the clusters at the first draft position, 1/16 at the deepest."""
+    return max(1, num_clusters // 8), max(1, num_clusters // 16)
+
+
 class DynaSpecConfig(PretrainedConfig):
     r"""Configuration of a [`DynaSpecDrafter`].
 
@@ -42,8 +47,9 @@ class DynaSpecConfig(PretrainedConfig):
             `num_hidden_layers=1`.
         num_clusters (`int`): number of vocabulary clusters M (spherical k-means over LM-head rows).
         router_hidden_size (`int`): width of the router MLP's hidden layer.
-        shortlist_k0 (`int`): clusters kept at the first draft position (depth 0).
-        shortlist_k1 (`int`): clusters kept at the deepest draft position.
+        shortlist_k0 (`int`, *optional*): clusters kept at the first draft position (depth 0); default
+            `default_shortlist_budget(num_clusters)`.
+        shortlist_k1 (`int`, *optional*): clusters kept at the deepest draft position; default as k0.
         shortlist_schedule (`str`): "linear" or "exponential" decay of the cluster budget from k0 to k1.
         always_include_ids (`list[int]`): tokens always in the shortlist (the EOS ids by default).
         static_shortlist_size (`int`, *optional*): size of the stored static (frequency-ranked) shortlist
@@ -62,8 +68,8 @@ class DynaSpecConfig(PretrainedConfig):
         target_config: dict[str, Any] | None = None,
         num_clusters: int = 64,
         router_hidden_size: int = 256,
-        shortlist_k0: int = 8,
-        shortlist_k1: int = 4,
+        shortlist_k0: int | None = None,
+        shortlist_k1: int | None = None,
         shortlist_schedule: str = "linear",
         always_include_ids: list[int] | None = None,
         static_shortlist_size: int = 0,
@@ -79,8 +85,9 @@ class DynaSpecConfig(PretrainedConfig):
         self.target_config = dict(target_config or {})
         self.num_clusters = num_clusters
         self.router_hidden_size = router_hidden_size
-        self.shortlist_k0 = shortlist_k0
-        self.shortlist_k1 = shortlist_k1
+        default_k0, default_k1 = default_shortlist_budget(num_clusters) if isinstance(num_clusters, int) else (1, 1)
+        self.shortlist_k0 = default_k0 if shortlist_k0 is None else shortlist_k0
+        self.shortlist_k1 = default_k1 if shortlist_k1 is None else shortlist_k1
         self.shortlist_schedule = shortlist_schedule
         self.always_include_ids = list(always_include_ids or [])
         self.static_shortlist_size = static_shortlist_size

@@ -38,7 +38,7 @@ class HeadOutput:
     logits: torch.Tensor
     shortlist_sizes: torch.Tensor
 
-    def full_vocab_logits(self, vocab_size: int) -> torch.Tensor:
+    def to_vocab(self, vocab_size: int) -> torch.Tensor:
         """Scatter into (T, V) with -inf outside the shortlist (for tests and the sampling verifier)."""
         out = self.logits.new_full((self.logits.shape[0], vocab_size), float("-inf"))  # (T, V)
         # An always-included id can own two columns (its cluster's and its extra one); at most one of them

@@ -31,7 +31,8 @@ from .clustering import VocabClusters, cluster_vocabulary
 from .configuration import DynaSpecConfig
 from .generation.config import DynaSpecGenerationConfig, default_drafter_generation_config
 from .head import HeadOutput, ShortlistHead
-from .router import ClusterRouter, run_router_beside
+from .masks import causal_mask
+from .router import ClusterRouter, Timer, run_router_beside
 
 
 @dataclass
@@ -40,13 +41,13 @@ class DrafterOutput(ModelOutput):
 
     hidden_states: (B, T, d) the drafter's features (its estimate of the target's next hidden states);
     router_logits: (B, T, M); head: shortlisted logits of the T positions (only when B == 1 and a head mode
-    is asked for); full_logits: (T, V) scatter of `head` with -inf outside the shortlist, only when asked.
+    is asked for); vocab_logits: (T, V) scatter of `head` with -inf outside the shortlist, only when asked.
     """
 
     hidden_states: torch.Tensor | None = None
     router_logits: torch.Tensor | None = None
     head: HeadOutput | None = None
-    full_logits: torch.Tensor | None = None
+    vocab_logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -123,8 +124,6 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         """A fresh (untrained) drafter for `target`: clusters from its LM head, layer from its family."""
         if static_token_ids is not None:
             config_kwargs["static_shortlist_size"] = int(static_token_ids.numel())
-        config_kwargs.setdefault("shortlist_k0", max(1, num_clusters // 8))
-        config_kwargs.setdefault("shortlist_k1", max(1, num_clusters // 16))
         config = DynaSpecConfig.from_target_config(target.config, num_clusters=num_clusters, **config_kwargs)
         config._attn_implementation = target.config._attn_implementation
         drafter = cls(config)
@@ -235,7 +234,8 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         cache: Any = None,
         head_mode: str | None = "dynamic",
         num_clusters: int | None = None,
-        return_full_logits: bool = False,
+        return_vocab_logits: bool = False,
+        timer: Timer | None = None,
     ) -> DrafterOutput:
         """One drafting call.
 
@@ -243,6 +243,7 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         own, deeper in the tree) hidden state of the previous position; attention_mask: 4D float
         (B, 1, T, cache_len + T) with 0 where attention is allowed, or None for causal attention; cache: a
         `DynamicCache` for the drafter layer. `head_mode=None` skips the head (training computes its own).
+        `timer` (e.g. `SpeculativeStats.timer`) times the router where it does not overlap the layer.
         """
         binding = self._require_binding()
         batch, length = input_ids.shape
@@ -264,6 +265,7 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
             cache=cache,
             use_cache=cache is not None,
             position_embeddings=position_embeddings,
+            timer=timer,
         )
         features = self.norm(layer_out)  # (B, T, d)
         output = DrafterOutput(hidden_states=features, router_logits=router_logits)
@@ -272,11 +274,11 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
                 raise ValueError("The shortlisted head runs on one sequence (batch 1) of draft positions.")
             k = num_clusters if num_clusters is not None else self.config.shortlist_k0
             output.head = binding.head.logits(features[0], head_mode, router_logits[0], k)
-            if return_full_logits:
-                output.full_logits = output.head.full_vocab_logits(self.config.vocab_size)
+            if return_vocab_logits:
+                output.vocab_logits = output.head.to_vocab(self.config.vocab_size)
         return output
 
-    def full_vocab_logits(self, features: torch.Tensor) -> torch.Tensor:
+    def dense_logits(self, features: torch.Tensor) -> torch.Tensor:
         """Dense logits over the whole vocabulary: features (..., d) -> (..., V). For training and tests."""
         return nn.functional.linear(features, self._require_binding().head.weight)
 
@@ -330,18 +332,6 @@ def _check_config_model_type(name_or_path: str | os.PathLike, hub_kwargs: dict[s
             f"({DynaSpecConfig.model_type!r}): point `from_pretrained` at a directory saved with "
             "`drafter.save_pretrained(path)`."
         )
-
-
-def causal_mask(length: int, past: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """4D additive mask (1, 1, T, past + T): query i sees keys 0..past + i."""
-    allowed = torch.ones(length, past + length, dtype=torch.bool, device=device).tril(diagonal=past)
-    return additive_mask(allowed, dtype)
-
-
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Boolean (T, K) -> float (1, 1, T, K) with 0 where allowed and the dtype's minimum elsewhere."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
 
 
 AutoModel.register(DynaSpecConfig, DynaSpecDrafter, exist_ok=True)

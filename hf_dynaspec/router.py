@@ -9,7 +9,8 @@ The shortlist of a position is the union of its top-k clusters (k from the depth
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import nn
@@ -20,7 +21,6 @@ class ClusterRouter(nn.Module):
 
     def __init__(self, hidden_size: int, router_hidden_size: int, num_clusters: int) -> None:
         super().__init__()
-        self.seconds = 0.0  # wall time of CPU calls (a CUDA side-stream call overlaps the layer: not counted)
         self.up = nn.Linear(hidden_size, router_hidden_size)
         self.act = nn.ReLU()
         self.down = nn.Linear(router_hidden_size, num_clusters)
@@ -44,16 +44,18 @@ def select_clusters(router_logits: torch.Tensor, k: int | torch.Tensor) -> torch
     return selected.scatter_(-1, top, keep)  # (T, M)
 
 
+Timer = Callable[[str], AbstractContextManager]  # e.g. SpeculativeStats.timer: name -> context manager
+
+
 def run_router_beside(
-    router: nn.Module, features: torch.Tensor, layer_fn, *layer_args, **layer_kwargs
+    router: nn.Module, features: torch.Tensor, layer_fn, *layer_args, timer: Timer | None = None, **layer_kwargs
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run `router(features)` and `layer_fn(*layer_args, **layer_kwargs)`; on CUDA the router runs on a side
-    stream so its cost hides behind the decoder layer. Returns (router_logits, layer_output)."""
+    stream so its cost hides behind the decoder layer. Returns (router_logits, layer_output). `timer("router")`
+    times the router where it runs on its own (CPU); on CUDA it overlaps the layer and is not timed."""
     if not features.is_cuda:
-        start = time.perf_counter()
-        router_logits = router(features)
-        if hasattr(router, "seconds"):
-            router.seconds += time.perf_counter() - start
+        with timer("router") if timer is not None else nullcontext():
+            router_logits = router(features)
         return router_logits, layer_fn(*layer_args, **layer_kwargs)
     main = torch.cuda.current_stream(features.device)
     side = _side_stream(features.device)

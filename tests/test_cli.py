@@ -97,10 +97,12 @@ def test_bench_keeps_the_median_of_repeats(monkeypatch):
 
 def test_headline_table_compares_a_method_with_its_head_twins():
     from hf_dynaspec.bench import Record, headline_table, summarize
+    from hf_dynaspec.generation.stats import SpeculativeStats
 
     def rec(method, category, seconds, steps, accepted, lookup=0):
-        return Record(method, category, f"{category}-1", seconds, 20, steps=steps, accepted_tokens=accepted,
-                      shortlist_total=30, shortlist_positions=10, recall_hits=3, recall_checks=4, lookup_tokens=lookup)
+        stats = SpeculativeStats(steps=steps, accepted_tokens=accepted, shortlist_total=30, shortlist_positions=10,
+                                 recall_hits=3, recall_checks=4, lookup_tokens=lookup)
+        return Record(method, category, f"{category}-1", seconds, 20, stats=stats.to_dict() if steps else None)
 
     records = []
     for category in ("coding", "writing"):

@@ -10,102 +10,104 @@ import torch
 from helpers import tiny_drafter, tiny_target
 from transformers import AutoConfig, AutoModel
 
-from hf_dynaspec import DynaSpecConfig, DynaSpecDrafter, DynaSpecGenerationConfig, gathered_lm_head
-from hf_dynaspec.modeling import causal_mask
+from hf_dynaspec import DynaSpecConfig, DynaSpecDrafter, DynaSpecGenerationConfig
+from hf_dynaspec.masks import causal_mask
 
 
 @pytest.fixture(scope="module")
-def target():
+def eos_target():
+    """conftest's tiny target with EOS id 2 (an always-included shortlist token)."""
     return tiny_target(eos_token_id=2)
 
 
 @pytest.fixture(scope="module")
-def drafter(target):
-    return tiny_drafter(target, num_clusters=8)
+def eos_drafter(eos_target):
+    return tiny_drafter(eos_target, num_clusters=8)
 
 
-def draft_once(drafter, head_mode="dynamic", num_clusters=2, return_full_logits=False):
+def draft_once(drafter, head_mode="dynamic", num_clusters=2, return_vocab_logits=False):
     torch.manual_seed(0)
     ids = torch.randint(0, drafter.config.vocab_size, (1, 5))
     hidden = torch.randn(1, 5, drafter.config.hidden_size)
     with torch.no_grad():
         return drafter(
             input_ids=ids, hidden_states=hidden, head_mode=head_mode, num_clusters=num_clusters,
-            return_full_logits=return_full_logits,
+            return_vocab_logits=return_vocab_logits,
         )
 
 
-def test_public_imports():
-    assert callable(gathered_lm_head)
-    assert DynaSpecConfig.model_type == "dynaspec_drafter"
-    assert AutoConfig.for_model("dynaspec_drafter").__class__ is DynaSpecConfig
+def test_auto_classes_resolve_the_drafter(eos_drafter):
+    config = AutoConfig.for_model("dynaspec_drafter", vocab_size=128, hidden_size=32, num_clusters=8,
+                                  target_config=eos_drafter.config.target_config)
+    assert type(config) is DynaSpecConfig
+    assert type(AutoModel.from_config(config)) is DynaSpecDrafter
 
 
-def test_round_trip_gives_identical_outputs(tmp_path, target, drafter):
-    drafter.generation_config = DynaSpecGenerationConfig(tree_policy="dyspec", num_draft_nodes=9, draft_depth=3)
-    drafter.save_pretrained(tmp_path)
+def test_round_trip_gives_identical_outputs(tmp_path, eos_target, eos_drafter):
+    eos_drafter.generation_config = DynaSpecGenerationConfig(tree_policy="dyspec", num_draft_nodes=9, draft_depth=3)
+    eos_drafter.save_pretrained(tmp_path)
     files = sorted(os.listdir(tmp_path))
     assert "config.json" in files and "generation_config.json" in files
     assert any(f.endswith(".safetensors") for f in files)
     assert not any(f.endswith((".bin", ".pt", ".pth", ".pkl")) for f in files)
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "dynaspec_drafter"
 
-    loaded = DynaSpecDrafter.from_pretrained(tmp_path).eval().bind(target)
+    loaded = DynaSpecDrafter.from_pretrained(tmp_path).eval().bind(eos_target)
     assert loaded.generation_config.tree_policy == "dyspec" and loaded.generation_config.num_draft_nodes == 9
-    assert torch.equal(loaded.cluster_permutation, drafter.cluster_permutation)
+    assert torch.equal(loaded.cluster_permutation, eos_drafter.cluster_permutation)
     for mode in ("dynamic", "full"):
-        a, b = draft_once(drafter, mode), draft_once(loaded, mode)
+        a, b = draft_once(eos_drafter, mode), draft_once(loaded, mode)
         assert torch.equal(a.hidden_states, b.hidden_states)
         assert torch.equal(a.head.token_ids, b.head.token_ids)
         assert torch.equal(a.head.logits, b.head.logits)
     assert isinstance(AutoModel.from_pretrained(tmp_path), DynaSpecDrafter)
 
 
-def test_full_shortlist_equals_dense_head(drafter):
-    out = draft_once(drafter, head_mode="full")
-    dense = drafter.full_vocab_logits(out.hidden_states[0]).float()
-    assert torch.equal(out.head.token_ids, torch.arange(drafter.config.vocab_size))
+def test_full_shortlist_equals_dense_head(eos_drafter):
+    out = draft_once(eos_drafter, head_mode="full")
+    dense = eos_drafter.dense_logits(out.hidden_states[0]).float()
+    assert torch.equal(out.head.token_ids, torch.arange(eos_drafter.config.vocab_size))
     torch.testing.assert_close(out.head.logits, dense, rtol=0, atol=0)
 
 
-def test_all_clusters_dynamic_equals_dense_head(drafter):
+def test_all_clusters_dynamic_equals_dense_head(eos_drafter):
     # Every cluster selected: the union is the whole vocabulary in cluster order.
-    out = draft_once(drafter, head_mode="dynamic", num_clusters=drafter.config.num_clusters, return_full_logits=True)
-    dense = drafter.full_vocab_logits(out.hidden_states[0]).float()
+    out = draft_once(eos_drafter, head_mode="dynamic", num_clusters=eos_drafter.config.num_clusters, return_vocab_logits=True)
+    dense = eos_drafter.dense_logits(out.hidden_states[0]).float()
     # Same products, summed by different GEMM calls (one per cluster run): fp32 rounding only.
-    torch.testing.assert_close(out.full_logits, dense, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.vocab_logits, dense, rtol=1e-5, atol=1e-5)
 
 
-def test_dynamic_head_scores_only_the_router_clusters(drafter):
+def test_dynamic_head_scores_only_the_router_clusters(eos_drafter):
     k = 2
-    out = draft_once(drafter, head_mode="dynamic", num_clusters=k, return_full_logits=True)
-    dense = drafter.full_vocab_logits(out.hidden_states[0]).float()
-    clusters = drafter.clusters
-    eos = drafter.config.always_include_ids
-    for t in range(out.full_logits.shape[0]):
+    out = draft_once(eos_drafter, head_mode="dynamic", num_clusters=k, return_vocab_logits=True)
+    dense = eos_drafter.dense_logits(out.hidden_states[0]).float()
+    clusters = eos_drafter.clusters
+    eos = eos_drafter.config.always_include_ids
+    for t in range(out.vocab_logits.shape[0]):
         chosen = out.router_logits[0, t].topk(k).indices
         allowed = set(clusters.tokens(chosen).tolist()) | set(eos)
-        finite = set(torch.isfinite(out.full_logits[t]).nonzero().flatten().tolist())
+        finite = set(torch.isfinite(out.vocab_logits[t]).nonzero().flatten().tolist())
         assert finite == allowed
         assert int(out.head.shortlist_sizes[t]) == len(allowed)
         idx = torch.tensor(sorted(allowed))
-        torch.testing.assert_close(out.full_logits[t, idx], dense[t, idx], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.vocab_logits[t, idx], dense[t, idx], rtol=1e-5, atol=1e-5)
 
 
-def test_eos_always_in_shortlist(drafter):
-    assert drafter.config.always_include_ids == [2]
-    out = draft_once(drafter, head_mode="dynamic", num_clusters=1, return_full_logits=True)
-    assert torch.isfinite(out.full_logits[:, 2]).all()
+def test_eos_always_in_shortlist(eos_drafter):
+    assert eos_drafter.config.always_include_ids == [2]
+    out = draft_once(eos_drafter, head_mode="dynamic", num_clusters=1, return_vocab_logits=True)
+    assert torch.isfinite(out.vocab_logits[:, 2]).all()
 
 
-def test_static_head(target):
+def test_static_head(eos_target):
     static = torch.tensor([5, 9, 17, 40, 99])
-    drafter = tiny_drafter(target, static_token_ids=static)
-    out = draft_once(drafter, head_mode="static", return_full_logits=True)
+    drafter = tiny_drafter(eos_target, static_token_ids=static)
+    out = draft_once(drafter, head_mode="static", return_vocab_logits=True)
     assert set(out.head.token_ids.tolist()) == {2, 5, 9, 17, 40, 99}
-    assert torch.isfinite(out.full_logits).sum(dim=-1).eq(6).all()
+    assert torch.isfinite(out.vocab_logits).sum(dim=-1).eq(6).all()
     with pytest.raises(ValueError, match="static shortlist"):
-        draft_once(tiny_drafter(target), head_mode="static")
+        draft_once(tiny_drafter(eos_target), head_mode="static")
 
 
 def test_depth_schedule():
@@ -126,20 +128,20 @@ def test_causal_mask_shape():
     ("field", "value", "what"),
     [("vocab_size", 96, "vocabulary size"), ("hidden_size", 48, "hidden size")],
 )
-def test_bind_refuses_another_target(drafter, field, value, what):
+def test_bind_refuses_another_target(eos_drafter, field, value, what):
     other = tiny_target(**{field: value, **({"num_attention_heads": 4} if field == "hidden_size" else {})})
     with pytest.raises(ValueError, match=what) as err:
-        drafter.bind(other)
+        eos_drafter.bind(other)
     assert str(value) in str(err.value)
 
 
-def test_bind_refuses_another_family(drafter):
+def test_bind_refuses_another_family(eos_drafter):
     from transformers import MistralConfig, MistralForCausalLM
 
     other = MistralForCausalLM(MistralConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
                                              num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))
     with pytest.raises(ValueError, match="'llama'.*'mistral'|'mistral'.*'llama'"):
-        drafter.bind(other)
+        eos_drafter.bind(other)
 
 
 def test_config_validation():
@@ -152,32 +154,32 @@ def test_config_validation():
                        always_include_ids=[100])
 
 
-def test_missing_and_corrupt_checkpoint_files(tmp_path, drafter):
-    drafter.save_pretrained(tmp_path)
+def test_missing_and_corrupt_checkpoint_files(tmp_path, eos_drafter):
+    eos_drafter.save_pretrained(tmp_path)
     weights = next(p for p in tmp_path.iterdir() if p.suffix == ".safetensors")
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(Exception, match=weights.name):
         DynaSpecDrafter.from_pretrained(tmp_path)
     intact = tmp_path / "intact"
-    drafter.save_pretrained(intact)
+    eos_drafter.save_pretrained(intact)
     (intact / "config.json").unlink()
     with pytest.raises(OSError, match="config.json"):
         DynaSpecDrafter.from_pretrained(intact)
 
 
-def test_set_static_shortlist_round_trip(tmp_path, target):
-    drafter = tiny_drafter(target)
+def test_set_static_shortlist_round_trip(tmp_path, eos_target):
+    drafter = tiny_drafter(eos_target)
     drafter.set_static_shortlist(torch.tensor([7, 3, 3, 50]))
     out = draft_once(drafter, head_mode="static")
     assert set(out.head.token_ids.tolist()) == {2, 3, 7, 50}
     drafter.save_pretrained(tmp_path)
-    loaded = DynaSpecDrafter.from_pretrained(tmp_path).bind(target)
+    loaded = DynaSpecDrafter.from_pretrained(tmp_path).bind(eos_target)
     assert loaded.static_token_ids.tolist() == [3, 7, 50]
     with pytest.raises(ValueError, match="static shortlist ids"):
         drafter.set_static_shortlist(torch.tensor([999]))
 
 
-def test_init_layer_from_target(target):
-    drafter = tiny_drafter(target).init_layer_from_target(target)
-    for name, value in target.model.layers[-1].state_dict().items():
+def test_init_layer_from_target(eos_target):
+    drafter = tiny_drafter(eos_target).init_layer_from_target(eos_target)
+    for name, value in eos_target.model.layers[-1].state_dict().items():
         assert torch.equal(drafter.layer.state_dict()[name], value)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import prompt, tiny_target
 
-from hf_dynaspec import DynaSpecGenerationConfig
+from hf_dynaspec import DynaSpecConfig, DynaSpecGenerationConfig
 from hf_dynaspec.generation.config import resolve_draft_settings
 
 
@@ -61,7 +61,7 @@ def test_generation_config_json_round_trip(tmp_path):
 def test_per_call_config_overrides_drafter_defaults():
     drafter_defaults = DynaSpecGenerationConfig(tree_policy="dyspec", num_draft_nodes=20, shortlist_k0=4)
     call = DynaSpecGenerationConfig(num_draft_nodes=7)
-    settings = resolve_draft_settings(call, drafter_defaults, num_clusters=8)
+    settings = resolve_draft_settings(call, drafter_defaults, DynaSpecConfig(vocab_size=64, num_clusters=8))
     assert (settings.tree_policy, settings.num_draft_nodes, settings.shortlist_k0) == ("dyspec", 7, 4)
 
 
@@ -71,5 +71,5 @@ def test_generate_kwargs_reach_a_dynaspec_generation_config(target, drafter):
     out = target.generate(prompt(5), generation_config=config, assistant_model=drafter, tree_policy="chain",
                           return_dict_in_generate=True)
     # a chain holds at most draft_depth nodes (drafter default 5); the default eagle2 tree holds 12
-    assert max(out.speculative_stats.tree_sizes) <= drafter.generation_config.draft_depth
+    assert out.speculative_stats.mean_tree_size <= drafter.generation_config.draft_depth
     assert out.sequences.shape[1] == 5 + 6

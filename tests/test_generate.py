@@ -4,19 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import prompt, tiny_drafter, tiny_target
+from helpers import OracleCandidateGenerator, greedy, prompt, speculative, tiny_drafter, tiny_target
 
 from hf_dynaspec import DynaSpecGenerationConfig
 from hf_dynaspec.generation import decoding
-from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
-
-
-def greedy(target, ids, **kwargs):
-    return target.generate(ids, do_sample=False, **kwargs)
-
-
-def speculative(target, drafter, ids, **kwargs):
-    return target.generate(ids, do_sample=False, assistant_model=drafter, **kwargs)
 
 
 @pytest.mark.parametrize("policy", ["eagle2", "dyspec", "chain"])
@@ -45,8 +36,8 @@ def test_path_probability_floor_keeps_greedy_exact(target, drafter, policy, min_
     full = target.generate(ids, generation_config=DynaSpecGenerationConfig(
         tree_policy=policy, num_draft_nodes=12, draft_depth=5, draft_top_k=3, max_new_tokens=24, do_sample=False,
         return_dict_in_generate=True), assistant_model=drafter)
-    sizes, unfloored = out.speculative_stats.tree_sizes, full.speculative_stats.tree_sizes
-    assert sum(sizes) / len(sizes) < sum(unfloored) / len(unfloored)  # the floor prunes an untrained drafter
+    # the floor prunes an untrained drafter
+    assert out.speculative_stats.mean_tree_size < full.speculative_stats.mean_tree_size
 
 
 def test_min_draft_prob_is_validated():
@@ -63,8 +54,13 @@ def test_drafter_defaults_and_stats(target, drafter):
     for mine, theirs in zip(out.scores, expected.scores):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)  # tree forward vs one-token forward
     stats = out.speculative_stats
-    assert sum(stats.accepted_lengths) == 16 - 1  # the prefill emits the first token
-    assert stats.mean_shortlist_size > 0
+    assert stats.accepted_tokens == 16 - 1  # the prefill emits the first token
+    assert stats.steps == stats.recall_checks > 0  # one recall check per verified step
+    # the default budget keeps k0 = k1 = 1 of the 8 clusters: each drafted position scores one cluster's tokens
+    assert (drafter.config.shortlist_k0, drafter.config.shortlist_k1) == (1, 1)
+    sizes = drafter.clusters.sizes()
+    assert stats.shortlist_positions >= stats.steps
+    assert int(sizes.min()) <= stats.mean_shortlist_size <= int(sizes.max())
 
 
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 3, 9])
@@ -101,30 +97,6 @@ def test_eos_outside_drafts(drafter, target):
     assert torch.equal(got, greedy(target, ids, max_new_tokens=20, eos_token_id=127))
 
 
-class OracleCandidateGenerator(DynaSpecCandidateGenerator):
-    """Drafts the target's own greedy continuation first (log q = 0), then decoys."""
-
-    def get_candidates(self, input_ids, max_depth=None, **kwargs):
-        self._committed_ids = input_ids
-        return super().get_candidates(input_ids, max_depth=max_depth, **kwargs)
-
-    def expand(self, nodes):
-        target = self.drafter.bound_target
-        k = self.settings.draft_top_k
-        tokens, logq = [], []
-        for node in nodes:
-            path = [self._pool.tokens[n] for n in reversed(self._pool.ancestors(node))] if node else []
-            if node:
-                path.append(self._pool.tokens[node])
-            ids = torch.cat([self._committed_ids, torch.tensor([path], dtype=torch.long)], dim=-1)
-            with torch.no_grad():
-                best = int(target(ids).logits[0, -1].argmax())
-            decoys = [t for t in range(k + 1) if t != best][: k - 1]
-            tokens.append([best, *decoys])
-            logq.append([0.0] + [-5.0 - i for i in range(k - 1)])
-        return torch.tensor(tokens), torch.tensor(logq)
-
-
 @pytest.mark.parametrize("policy", ["eagle2", "dyspec", "chain"])
 @pytest.mark.parametrize("depth", [1, 3, 6])
 def test_oracle_drafter_reaches_depth_plus_one(target, drafter, policy, depth, monkeypatch):
@@ -138,8 +110,8 @@ def test_oracle_drafter_reaches_depth_plus_one(target, drafter, policy, depth, m
     )
     out = target.generate(ids, generation_config=config, assistant_model=drafter)
     assert torch.equal(out.sequences, greedy(target, ids, max_new_tokens=new))
-    assert out.speculative_stats.accepted_lengths == [depth + 1] * steps
-    assert out.speculative_stats.mean_accepted_length == depth + 1
+    stats = out.speculative_stats
+    assert (stats.steps, stats.accepted_tokens) == (steps, steps * (depth + 1))  # every step: depth + 1
 
 
 def test_target_cache_holds_prompt_plus_accepted(target, drafter, monkeypatch):

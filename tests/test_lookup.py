@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import prompt
 
-from hf_dynaspec import DynaSpecGenerationConfig
+from hf_dynaspec import DynaSpecConfig, DynaSpecGenerationConfig
 from hf_dynaspec.generation.config import DraftSettings, resolve_draft_settings
 from hf_dynaspec.generation.lookup import find_continuation
 from hf_dynaspec.generation.tree import DraftTree, grow_tree
@@ -35,8 +35,8 @@ def test_find_continuation(sequence, max_ngram, min_ngram, num_tokens, expected)
 
 
 def chain_settings(depth: int) -> DraftSettings:
-    return DraftSettings("chain", depth, depth, 1, "full", 1, 1, min_draft_prob=0.0, lookup_num_tokens=0,
-                         lookup_max_ngram=3, lookup_min_ngram=1, verify_costs="off")
+    return DraftSettings("chain", depth, depth, 1, "full", 1, 1, min_draft_prob=0.0, lookup_num_tokens=8,
+                         lookup_max_ngram=3, lookup_min_ngram=1, verify_costs="off", synchronize_timers=False)
 
 
 def fixed_expand(token: int):
@@ -44,8 +44,13 @@ def fixed_expand(token: int):
     return lambda nodes: (torch.full((len(nodes), 1), token), torch.full((len(nodes), 1), -1.0))
 
 
+def grow_chain(depth: int, max_depth: int, lookup: list[int]):
+    expand = fixed_expand(7)
+    return grow_tree(DraftTree(root_token=0), expand([0]), expand, chain_settings(depth), max_depth, lookup)
+
+
 def test_graft_shares_the_drafted_prefix_and_branches_where_it_differs():
-    tree = grow_tree(DraftTree(root_token=0), fixed_expand(7), chain_settings(3), 10, lookup=[7, 7, 9, 4])
+    tree = grow_chain(3, 10, lookup=[7, 7, 9, 4])
     # drafts: 7 -> 7 -> 7; lookup: 7 -> 7 -> 9 -> 4 shares two nodes, then branches
     assert tree.tokens.tolist() == [0, 7, 7, 9, 7, 4]
     assert tree.parents.tolist() == [-1, 0, 1, 2, 2, 3]
@@ -55,7 +60,7 @@ def test_graft_shares_the_drafted_prefix_and_branches_where_it_differs():
 
 
 def test_graft_respects_the_length_left():
-    tree = grow_tree(DraftTree(root_token=0), fixed_expand(7), chain_settings(3), 2, lookup=[1, 2, 3, 4])
+    tree = grow_chain(3, 2, lookup=[1, 2, 3, 4])
     assert int(tree.depths.max()) == 2 and tree.grafted.sum() == 2
 
 
@@ -78,4 +83,4 @@ def test_lookup_settings_are_validated():
         DynaSpecGenerationConfig(lookup_num_tokens=-1)
     config = DynaSpecGenerationConfig(lookup_num_tokens=2, lookup_max_ngram=2, lookup_min_ngram=3)
     with pytest.raises(ValueError, match="lookup_min_ngram"):
-        resolve_draft_settings(config, None, 8)
+        resolve_draft_settings(config, None, DynaSpecConfig(vocab_size=64, num_clusters=8))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from helpers import prompt, tiny_drafter, tiny_target
+from helpers import greedy, prompt, speculative, tiny_drafter, tiny_target
 from transformers import DynamicCache, LlamaConfig, MistralConfig, MistralForCausalLM
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
@@ -24,24 +24,6 @@ from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
 from hf_dynaspec.generation.stats import SpeculativeStats
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
-
-
-@pytest.fixture(scope="module")
-def target() -> torch.nn.Module:
-    return tiny_target(seed=21)
-
-
-@pytest.fixture(scope="module")
-def drafter(target: torch.nn.Module) -> DynaSpecDrafter:
-    return tiny_drafter(target)
-
-
-def greedy(target: torch.nn.Module, ids: torch.Tensor, **kwargs) -> torch.Tensor:
-    return target.generate(ids, do_sample=False, **kwargs)
-
-
-def speculative(target: torch.nn.Module, drafter: DynaSpecDrafter, ids: torch.Tensor, **kwargs) -> torch.Tensor:
-    return target.generate(ids, do_sample=False, assistant_model=drafter, **kwargs)
 
 
 def outcome(call: Callable[[], torch.Tensor]) -> tuple[str, object]:

@@ -48,11 +48,11 @@ def test_both_logit_paths_are_exact(target, drafter, walk_logits, monkeypatch):
     out = target.generate(ids, generation_config=config, assistant_model=drafter)
     assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=30))
     stats = out.speculative_stats
-    assert len(on_demand) == sum(stats.accepted_lengths)  # the walk reads one row per emitted token
+    assert len(on_demand) == stats.accepted_tokens  # the walk reads one row per emitted token
     # walking: the root's row (and the likeliest walk's) come from the forward pass, others on demand; else
     # all precomputed
     if walk_logits:
-        assert 0 < sum(on_demand) <= sum(stats.accepted_lengths) - stats.num_steps
+        assert 0 < sum(on_demand) <= stats.accepted_tokens - stats.steps
     else:
         assert sum(on_demand) == 0
 

@@ -1,93 +1,192 @@
-"""DynaSpecCandidateGenerator: drafts a dynamic token tree with the shortlisted drafter.
+"""DynaSpecCandidateGenerator: the drafter's side of speculative decoding, behind two interfaces.
 
-Follows transformers' candidate-generator interface (`get_candidates`, `update_candidate_strategy`,
-`requires_model_outputs`), with a tree instead of a chain: `get_candidates` returns the committed sequence
-followed by the tree's nodes in verification order, and leaves the tree itself in `self.tree`.
+1. **transformers' `CandidateGenerator` contract** (a chain of drafts), so transformers' own
+   `_assisted_decoding` loop can drive it, as it drives its MTP and DFlash generators:
+   `requires_model_outputs = True` and `model_kwargs_overrides` make the loop return the target's hidden
+   states; `get_candidates(input_ids, model_outputs=..., is_first_iteration=...)` feeds the newly verified
+   positions to the drafter and returns `(committed ids + k chained drafts (1, L + k), draft logits (1, k, V))`
+   (-inf outside each position's shortlist); `update_candidate_strategy(input_ids, scores, num_matches)`
+   records the step. On the first call the target has not run yet: no drafts (its prefill supplies the
+   hidden states). With `do_sample` the chain is sampled from the drafter's distribution, so transformers'
+   speculative sampling stays lossless; greedy drafts are its argmax.
+2. **Tree drafting**, DynaSpec's own loop (`decoding.py`), everything passed in and returned:
+   `extend(hidden_states, next_tokens)` reads newly committed positions; `draft(input_ids, max_depth) ->
+   VerifyTree` drafts a tree rooted at the last committed token; `accept(tree, walk, hidden_states)` records
+   the step (statistics, acceptance estimates for `verify_costs`) and extends with the accepted path.
 
 The drafter's KV cache is kept across steps. Invariant between steps: the drafter cache holds one entry per
 committed position i < L, made from the pair (target hidden state h_i, token x_{i+1}); its last output is the
-drafter's estimate of h_L, the root's feature, and its head gives the root's children. Tree nodes are
-appended during drafting and cropped away afterwards; `extend` then feeds the newly accepted pairs.
+drafter's estimate of h_L, the root's feature, whose head gives the root's proposals (`RootProposal`). Drafts
+are appended to the cache while drafting and cropped away afterwards.
 
-    python -m pytest tests/test_generate.py -q -k oracle
+    python -m pytest tests/test_candidates.py -q
 """
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, GenerationConfig
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from ..modeling import DynaSpecDrafter, additive_mask, causal_mask
-from .config import DraftSettings
+from ..head import HeadOutput
+from ..masks import additive_mask, causal_mask
+from .config import DraftSettings, resolve_draft_settings
 from .cost import AcceptanceTracker, VerifyCosts, trim_to_cost
 from .lookup import find_continuation
 from .stats import SpeculativeStats
-from .tree import DraftTree, VerifyTree, grow_tree
-from .verify import crop_cache
+from .tree import DraftTree, Expand, Proposals, VerifyTree, grow_tree
+from .verify import WalkResult, crop_cache
+
+if TYPE_CHECKING:
+    from ..modeling import DynaSpecDrafter
+
+
+@dataclass
+class RootProposal:
+    """What the drafter proposes after the last committed token: its feature (d,) (the estimate of the root's
+    hidden state), the shortlisted head there (1 row) and the top-k children (tokens, log q), each (1, k)."""
+
+    feature: torch.Tensor
+    head: HeadOutput
+    children: Proposals
+
+    def in_shortlist(self, token: int) -> bool:
+        return bool(((self.head.token_ids == token) & torch.isfinite(self.head.logits[0])).any())
 
 
 class DynaSpecCandidateGenerator(CandidateGenerator):
-    """Tree drafting with a bound `DynaSpecDrafter`."""
+    """Drafting with a bound `DynaSpecDrafter`; see the module docstring for both interfaces."""
 
     requires_model_outputs = True
+    model_kwargs_overrides: dict[str, Any] = {"output_hidden_states": True}
 
-    def __init__(self, drafter: DynaSpecDrafter, settings: DraftSettings, stats: SpeculativeStats) -> None:
+    def __init__(
+        self,
+        drafter: DynaSpecDrafter,
+        settings: DraftSettings,
+        stats: SpeculativeStats | None = None,
+        costs: VerifyCosts | None = None,
+        do_sample: bool = False,
+        max_length: int | None = None,
+    ) -> None:
+        """drafter: bound to its target; costs: trim each tree to what its verification pays for (None: off);
+        do_sample / max_length: the chain interface's sampling and length limit."""
+        drafter.bound_head  # noqa: B018  (raises when the drafter is not bound)
         self.drafter = drafter
         self.settings = settings
-        self.stats = stats
+        self.stats = stats if stats is not None else SpeculativeStats()
+        self.costs = costs
+        self.do_sample = do_sample
+        self.max_length = max_length
+        self.acceptance = AcceptanceTracker()
         self.cache = DynamicCache()
         self.committed = 0
-        self.tree: VerifyTree | None = None
-        self._root_feature: torch.Tensor | None = None  # (d,)
-        self._root_children: tuple[torch.Tensor, torch.Tensor] | None = None  # (1, k), (1, k)
-        self._root_shortlist: torch.Tensor | None = None  # (S,) token ids the root's children were drawn from
-        self._pool: DraftTree | None = None
-        self._features: dict[int, torch.Tensor] = {}  # pool node -> drafter output feature (d,)
-        self._slots: dict[int, int] = {}  # pool node -> drafter cache index
-        self.costs: VerifyCosts | None = None  # set: trim each tree to what its verification cost pays for
-        self.acceptance = AcceptanceTracker()
+        self.root: RootProposal | None = None
+        self._chain_length: int | None = None  # drafts of the last `get_candidates` (None: nothing drafted)
+
+    @classmethod
+    def for_generate(
+        cls, target: torch.nn.Module, drafter: DynaSpecDrafter, generation_config: GenerationConfig
+    ) -> DynaSpecCandidateGenerator:
+        """A generator for transformers' assisted loop: settings resolved as `generate()` resolves them, drafter
+        bound to `target`."""
+        settings = resolve_draft_settings(generation_config, drafter.generation_config, drafter.config)
+        drafter.bind(target)
+        stats = SpeculativeStats(synchronize=settings.synchronize_timers)
+        return cls(drafter, settings, stats, None, bool(generation_config.do_sample), generation_config.max_length)
+
+    @property
+    def device(self) -> torch.device:
+        return self.drafter.fc.weight.device
 
     # ------------------------------------------------------------------ committed sequence
     @torch.no_grad()
     def extend(self, hidden_states: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        """Feed accepted pairs (h_i, x_{i+1}): hidden_states (T, d), next_tokens (T,)."""
-        crop_cache(self.cache, self.committed)
-        length = next_tokens.numel()
-        positions = torch.arange(self.committed, self.committed + length, device=hidden_states.device)
-        mask = causal_mask(length, self.committed, hidden_states.dtype, hidden_states.device)
-        out = self.drafter(
-            input_ids=next_tokens[None],
-            hidden_states=hidden_states[None].to(self.drafter.dtype),
-            position_ids=positions[None],
-            attention_mask=mask,
-            cache=self.cache,
-            head_mode=None,
-        )
-        self.committed += length
-        self._root_feature = out.hidden_states[0, -1]
-        self._root_children = self._propose(out.hidden_states[0, -1:], out.router_logits[0, -1:], [0])
+        """Feed newly committed pairs (h_i, x_{i+1}): hidden_states (T, d), next_tokens (T,)."""
+        with self.stats.timer("extend", self.device):
+            crop_cache(self.cache, self.committed)
+            length = next_tokens.numel()
+            positions = torch.arange(self.committed, self.committed + length, device=hidden_states.device)
+            out = self.drafter(
+                input_ids=next_tokens[None],
+                hidden_states=hidden_states[None].to(self.drafter.dtype),
+                position_ids=positions[None],
+                attention_mask=causal_mask(length, self.committed, self.drafter.dtype, hidden_states.device),
+                cache=self.cache,
+                head_mode=None,
+                timer=self.stats.timer,
+            )
+            self.committed += length
+            feature = out.hidden_states[0, -1]  # (d,)
+            head, children = self._propose(out.hidden_states[0, -1:], out.router_logits[0, -1:], [0])
+            self.root = RootProposal(feature, head, children)
 
-    # ------------------------------------------------------------------ drafting
+    # ------------------------------------------------------------------ tree interface
     @torch.no_grad()
-    def get_candidates(self, input_ids: torch.LongTensor, max_depth: int | None = None, **kwargs):
-        """Draft a tree rooted at input_ids[0, -1]; returns (committed ids + tree nodes, None)."""
-        start, router_start = time.perf_counter(), self.drafter.router.seconds
-        # depth limit for drafts and the lookup branch: decoding passes tokens left to generate - 1
-        settings = self.settings
-        limit = max(settings.draft_depth, settings.lookup_num_tokens) if max_depth is None else max_depth
-        self._pool = DraftTree(root_token=int(input_ids[0, -1]))
-        self._features, self._slots = {0: self._root_feature}, {}
-        self.tree = grow_tree(self._pool, self.expand, settings, limit, self._lookup(input_ids[0]))
+    def draft(self, input_ids: torch.LongTensor, max_depth: int | None = None) -> VerifyTree:
+        """A draft tree rooted at input_ids[0, -1] (the committed sequence (1, L + 1), root last), no path
+        holding more than `max_depth` drafts (None: the settings' depths)."""
+        with self.stats.timer("draft", self.device):
+            pool = DraftTree(root_token=int(input_ids[0, -1]))
+            root_children, expand = self.proposers(input_ids, pool)
+            tree = grow_tree(pool, root_children, expand, self.settings, max_depth, self._lookup(input_ids[0]))
+            if self.costs is not None:
+                tree = trim_to_cost(tree, self.costs, self.acceptance)
+            crop_cache(self.cache, self.committed)
+        return tree
+
+    def accept(self, tree: VerifyTree, walk: WalkResult, hidden_states: torch.Tensor | None) -> None:
+        """Record a verified step, then read the accepted path: hidden_states (n, d), the target's at every
+        tree node (None when generation has ended: nothing more to draft)."""
+        self.stats.add_recall(self.root.in_shortlist(walk.new_tokens[0]))
+        self.stats.add_step(len(walk.new_tokens), tree.num_nodes - 1, int(tree.grafted[walk.path].sum()))
         if self.costs is not None:
-            self.tree = trim_to_cost(self.tree, self.costs, self.acceptance)
-        crop_cache(self.cache, self.committed)
-        self.stats.draft_time += time.perf_counter() - start
-        self.stats.router_time += self.drafter.router.seconds - router_start
-        nodes = self.tree.tokens[1:].to(input_ids.device)[None]
-        return torch.cat([input_ids, nodes], dim=-1), None
+            self.acceptance.update(tree, walk.path)
+        if hidden_states is not None:
+            new_tokens = torch.tensor(walk.new_tokens, device=hidden_states.device)
+            self.extend(hidden_states[walk.path], new_tokens)
+
+    def proposers(self, input_ids: torch.LongTensor, pool: DraftTree) -> tuple[Proposals, Expand]:
+        """The root's children and the expand function of one tree (its drafting state lives in the closure)."""
+        features = {0: self.root.feature}  # pool node -> drafter output feature (d,)
+        slots: dict[int, int] = {}  # pool node -> drafter cache index
+
+        def expand(nodes: list[int]) -> Proposals:
+            """Top-k children of each pool node: tokens (F, k), log q (F, k)."""
+            tokens = torch.tensor([pool.tokens[n] for n in nodes], device=self.device)  # (F,)
+            parents = torch.stack([features[pool.parents[n]] for n in nodes])  # (F, d)
+            depths = [pool.depths[n] for n in nodes]
+            positions = torch.tensor([self.committed - 1 + d for d in depths], device=self.device)  # (F,)
+            out = self.drafter(
+                input_ids=tokens[None],
+                hidden_states=parents[None],
+                position_ids=positions[None],
+                attention_mask=self._tree_mask(pool, slots, nodes),
+                cache=self.cache,
+                head_mode=None,
+                timer=self.stats.timer,
+            )
+            first_slot = self.committed + len(slots)
+            for i, node in enumerate(nodes):
+                slots[node] = first_slot + i
+                features[node] = out.hidden_states[0, i]
+            return self._propose(out.hidden_states[0], out.router_logits[0], depths)[1]
+
+        return self.root.children, expand
+
+    def _tree_mask(self, pool: DraftTree, slots: dict[int, int], nodes: list[int]) -> torch.Tensor:
+        """(1, 1, F, cache + F): committed prefix, the node's drafted ancestors, itself."""
+        known = len(slots)
+        allowed = torch.zeros(len(nodes), self.committed + known + len(nodes), dtype=torch.bool)
+        allowed[:, : self.committed] = True
+        for i, node in enumerate(nodes):
+            for ancestor in pool.ancestors(node):
+                allowed[i, slots[ancestor]] = True
+            allowed[i, self.committed + known + i] = True
+        return additive_mask(allowed.to(self.device), self.drafter.dtype)
 
     def _lookup(self, input_ids: torch.Tensor) -> list[int]:
         """The lookup branch for the committed sequence (L,), root last ([] when off or no n-gram recurs)."""
@@ -98,61 +197,11 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             input_ids, settings.lookup_max_ngram, settings.lookup_min_ngram, settings.lookup_num_tokens
         )
 
-    def note_walk(self, path: list[int], new_tokens: list[int]) -> None:
-        """After verification: shortlist recall (was the target's token after the root in the root's
-        shortlist?), how many accepted drafts came from the lookup branch, and (when trimming to cost) the
-        acceptance estimates."""
-        if self._root_shortlist is not None:
-            self.stats.add_recall(bool((self._root_shortlist == new_tokens[0]).any()))
-        self.stats.lookup_tokens += int(self.tree.grafted[path].sum())
-        if self.costs is not None:
-            self.acceptance.update(self.tree, path)
-
-    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores, num_matches: int) -> None:
-        """The tree adapts itself each step; nothing to update."""
-
-    def expand(self, nodes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top-k children of each pool node: tokens (F, k), log q (F, k)."""
-        if nodes == [0]:
-            return self._root_children
-        pool = self._pool
-        device = self._root_feature.device
-        tokens = torch.tensor([pool.tokens[n] for n in nodes], device=device)  # (F,)
-        parents = torch.stack([self._features[pool.parents[n]] for n in nodes])  # (F, d)
-        depths = [pool.depths[n] for n in nodes]
-        positions = torch.tensor([self.committed - 1 + d for d in depths], device=device)  # (F,)
-        mask = self._tree_mask(nodes, device)
-        out = self.drafter(
-            input_ids=tokens[None],
-            hidden_states=parents[None],
-            position_ids=positions[None],
-            attention_mask=mask,
-            cache=self.cache,
-            head_mode=None,
-        )
-        first_slot = self.committed + len(self._slots)
-        for i, node in enumerate(nodes):
-            self._slots[node] = first_slot + i
-            self._features[node] = out.hidden_states[0, i]
-        return self._propose(out.hidden_states[0], out.router_logits[0], depths)
-
-    def _tree_mask(self, nodes: list[int], device: torch.device) -> torch.Tensor:
-        """(1, 1, F, cache + F): committed prefix, the node's drafted ancestors, itself."""
-        known = len(self._slots)
-        allowed = torch.zeros(len(nodes), self.committed + known + len(nodes), dtype=torch.bool)
-        allowed[:, : self.committed] = True
-        for i, node in enumerate(nodes):
-            for ancestor in self._pool.ancestors(node):
-                allowed[i, self._slots[ancestor]] = True
-            allowed[i, self.committed + known + i] = True
-        return additive_mask(allowed.to(device), self._root_feature.dtype)
-
     def _propose(
         self, features: torch.Tensor, router_logits: torch.Tensor, depths: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Shortlisted head on features (F, d) of nodes at `depths` -> top-k (tokens, log q), each (F, k).
-
-        The children of a node at depth t are draft position t, whose cluster budget is k_c(t)."""
+    ) -> tuple[HeadOutput, Proposals]:
+        """Shortlisted head on features (F, d) of nodes at `depths` -> (head output, top-k (tokens, log q), each
+        (F, k)). The children of a node at depth t are draft position t, whose cluster budget is k_c(t)."""
         settings, config = self.settings, self.drafter.config
         budget = torch.tensor(
             [
@@ -161,12 +210,73 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             ],
             device=features.device,
         )
-        start = time.perf_counter()
-        head = self.drafter.bound_head.logits(features, settings.head_mode, router_logits, budget)
-        self.stats.head_time += time.perf_counter() - start
+        with self.stats.timer("head", self.device):
+            head = self.drafter.bound_head.logits(features, settings.head_mode, router_logits, budget)
         self.stats.add_shortlist(head.shortlist_sizes)
-        if depths == [0]:
-            self._root_shortlist = head.token_ids[torch.isfinite(head.logits[0])]
         logq = torch.log_softmax(head.logits, dim=-1)  # (F, S), -inf outside each shortlist
         top = logq.topk(min(settings.draft_top_k, logq.shape[-1]), dim=-1)
-        return head.token_ids[top.indices], top.values
+        return head, (head.token_ids[top.indices], top.values)
+
+    # ------------------------------------------------------------------ transformers' chain interface
+    @torch.no_grad()
+    def get_candidates(
+        self,
+        input_ids: torch.LongTensor,
+        model_outputs: Any = None,
+        is_first_iteration: bool = False,
+        **kwargs: Any,
+    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        """(input_ids (1, L + 1) followed by k drafts, draft logits (1, k, V)); see the module docstring."""
+        if is_first_iteration:
+            return input_ids, None  # the target's prefill has not run: no hidden states to draft from yet
+        hidden = getattr(model_outputs, "hidden_states", None)
+        if hidden is None:
+            raise ValueError(
+                "DynaSpecCandidateGenerator drafts from the target's hidden states: the assisted loop must pass "
+                "`model_outputs` with `hidden_states` (it does when `requires_model_outputs` is honoured)."
+            )
+        new = input_ids.shape[1] - 1 - self.committed  # committed pairs (h_i, x_{i+1}) not read yet
+        if not 0 < new <= hidden[-1].shape[1]:
+            raise ValueError(f"Expected hidden states for {new} new positions, got {hidden[-1].shape[1]}.")
+        self.extend(hidden[-1][0, :new], input_ids[0, -new:])
+        depth = self.settings.draft_depth
+        if self.max_length is not None:
+            depth = min(depth, self.max_length - input_ids.shape[1] - 1)  # room for the bonus token
+        if depth < 1:
+            self._chain_length = 0
+            return input_ids, None
+        with self.stats.timer("draft", self.device):
+            tokens, logits = self._draft_chain(depth)  # (k,), (k, V)
+        self._chain_length = tokens.numel()
+        return torch.cat([input_ids, tokens[None].to(input_ids.device)], dim=-1), logits[None]
+
+    def _draft_chain(self, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`depth` drafts, each the argmax of (or, sampling, a sample from) the drafter's shortlisted
+        distribution after the previous one: tokens (k,), logits over the vocabulary (k, V)."""
+        vocab_size = self.drafter.config.vocab_size
+        head, feature = self.root.head, self.root.feature
+        tokens, rows = [], []
+        for t in range(depth):
+            row = head.to_vocab(vocab_size)[0]  # (V,), -inf outside the shortlist
+            token = torch.multinomial(torch.softmax(row, -1), 1) if self.do_sample else row.argmax().view(1)
+            tokens.append(token)
+            rows.append(row)
+            if t == depth - 1:
+                break
+            out = self.drafter(  # causal over the committed cache and the chain so far
+                input_ids=token.view(1, 1), hidden_states=feature.view(1, 1, -1), cache=self.cache,
+                head_mode=None, timer=self.stats.timer,
+            )
+            feature = out.hidden_states[0, -1]
+            head, _ = self._propose(out.hidden_states[0, -1:], out.router_logits[0, -1:], [t + 1])
+        crop_cache(self.cache, self.committed)
+        return torch.cat(tokens), torch.stack(rows)
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
+        """transformers' loop after verification: `num_matches` drafts accepted, then its own token."""
+        if self._chain_length is None:  # the prefill: nothing was drafted
+            return
+        first_new = int(input_ids[0, input_ids.shape[1] - num_matches - 1])  # the target's token after the root
+        self.stats.add_recall(self.root.in_shortlist(first_new))
+        self.stats.add_step(num_matches + 1, self._chain_length, 0)
+        self._chain_length = None

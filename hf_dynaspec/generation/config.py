@@ -16,8 +16,10 @@ from typing import Any
 
 from transformers import GenerationConfig
 
+from ..configuration import DynaSpecConfig
+from ..head import HEAD_MODES
+
 TREE_POLICIES = ("eagle2", "dyspec", "chain")
-HEAD_MODES = ("dynamic", "full", "static")
 SPEC_FIELDS = (
     "tree_policy",
     "num_draft_nodes",
@@ -31,11 +33,13 @@ SPEC_FIELDS = (
     "lookup_max_ngram",
     "lookup_min_ngram",
     "verify_costs",
+    "synchronize_timers",
 )
 # Default tree for CPUs (small: verification of many nodes is costly there; see docs/architecture.md).
 DEFAULT_SETTINGS = dict(
     tree_policy="eagle2", num_draft_nodes=12, draft_depth=5, draft_top_k=4, head_mode="dynamic", min_draft_prob=0.0,
     lookup_num_tokens=8, lookup_max_ngram=3, lookup_min_ngram=1, verify_costs="off",
+    synchronize_timers=False,
 )
 MAX_VERIFY_COSTS = 1025  # c(1..n) for every tree the budget allows (1 + 1024 nodes)
 
@@ -63,6 +67,8 @@ class DynaSpecGenerationConfig(GenerationConfig):
         verify_costs (`str` or `list[float]`): trim each tree to the nodes worth their verification cost
             (`generation.cost`): "off", "auto" (time the target's forwards once, on the first call), or the
             costs c(1), c(2), ... of a target forward over 1, 2, ... tokens, in decoding steps.
+        synchronize_timers (`bool`): on CUDA, synchronise around each timed section of `speculative_stats`
+            so its times measure work rather than kernel launches (slows decoding; for profiling).
     """
 
     def __init__(
@@ -79,6 +85,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         lookup_max_ngram: int | None = None,
         lookup_min_ngram: int | None = None,
         verify_costs: str | list[float] | None = None,
+        synchronize_timers: bool | None = None,
         **kwargs: Any,
     ) -> None:
         self.tree_policy = tree_policy
@@ -93,6 +100,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         self.lookup_max_ngram = lookup_max_ngram
         self.lookup_min_ngram = lookup_min_ngram
         self.verify_costs = list(verify_costs) if isinstance(verify_costs, tuple) else verify_costs
+        self.synchronize_timers = synchronize_timers
         super().__init__(**kwargs)
 
     def speculative_fields(self) -> dict[str, Any]:
@@ -121,6 +129,7 @@ class DraftSettings:
     lookup_max_ngram: int
     lookup_min_ngram: int
     verify_costs: str | tuple[float, ...]
+    synchronize_timers: bool
 
 
 def check_speculative_fields(fields: dict[str, Any]) -> None:
@@ -139,6 +148,8 @@ def check_speculative_fields(fields: dict[str, Any]) -> None:
     for name, value in fields.items():
         if name == "verify_costs":
             check_verify_costs(value)
+        if name == "synchronize_timers" and not isinstance(value, bool):
+            raise ValueError(f"DynaSpecGenerationConfig.synchronize_timers must be True or False, got {value!r}.")
         if name == "min_draft_prob" and (isinstance(value, bool) or not isinstance(value, (int, float))
                                          or not 0.0 <= value < 1.0):
             raise ValueError(f"DynaSpecGenerationConfig.min_draft_prob must be a number in [0, 1), got {value!r}.")
@@ -176,15 +187,17 @@ def default_drafter_generation_config(shortlist_k0: int, shortlist_k1: int) -> D
 
 
 def resolve_draft_settings(
-    call_config: GenerationConfig | None, drafter_config: GenerationConfig | None, num_clusters: int
+    call_config: GenerationConfig | None, drafter_generation_config: GenerationConfig | None,
+    drafter_config: DynaSpecConfig,
 ) -> DraftSettings:
-    """Per-call fields override the drafter's defaults, which override the library defaults."""
+    """Per-call fields override the drafter's generation defaults, which override the library defaults (and
+    the drafter config's shortlist budget)."""
+    num_clusters = drafter_config.num_clusters
     merged: dict[str, Any] = dict(DEFAULT_SETTINGS)
-    for config in (drafter_config, call_config):
+    merged.update(shortlist_k0=drafter_config.shortlist_k0, shortlist_k1=drafter_config.shortlist_k1)
+    for config in (drafter_generation_config, call_config):
         if isinstance(config, DynaSpecGenerationConfig):
             merged.update(config.speculative_fields())
-    merged.setdefault("shortlist_k0", num_clusters)
-    merged.setdefault("shortlist_k1", merged["shortlist_k0"])
     check_speculative_fields(merged)
     if merged["lookup_min_ngram"] > merged["lookup_max_ngram"]:
         raise ValueError(

@@ -1,4 +1,8 @@
-"""The decoding loop: prefill, then (draft a tree -> verify it -> accept a path -> update caches) until done.
+"""The decoding loop: prefill, then (draft a tree -> verify it -> emit the accepted path) until done.
+
+Three files make the decoding path, each handing the next what it needs through arguments and return values:
+this loop, drafting (`candidates.py`: `extend`, `draft -> VerifyTree`, `accept`) and verification
+(`verify.py`: `verify_forward -> (logits, hidden)`, `walk_tree -> WalkResult`, `keep_accepted`).
 
 `speculative_decode` is what `target.generate(..., assistant_model=drafter)` runs (see `hook.py`). It receives
 what transformers prepared (processors, stopping criteria, cache, streamer) and returns transformers' own
@@ -11,7 +15,6 @@ where plain decoding would, even inside an accepted path.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -20,9 +23,9 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 from ..modeling import DynaSpecDrafter
+from .calibration import verify_costs_for
 from .candidates import DynaSpecCandidateGenerator
 from .config import resolve_draft_settings
-from .cost import verify_costs_for
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
 from .verify import head_reproduces_logits, keep_accepted, verify_forward, walk_tree
 
@@ -76,16 +79,13 @@ def speculative_decode(
     generation_config: GenerationConfig,
     streamer: object | None = None,
     model_kwargs: dict | None = None,
-    candidate_generator: DynaSpecCandidateGenerator | None = None,
 ) -> DynaSpecGenerateOutput | torch.LongTensor:
     """Lossless tree speculative decoding of a batch-1 prompt; see the module docstring."""
     model_kwargs = model_kwargs or {}
-    settings = resolve_draft_settings(generation_config, drafter.generation_config, drafter.config.num_clusters)
+    settings = resolve_draft_settings(generation_config, drafter.generation_config, drafter.config)
     drafter.bind(target)
     padding, input_ids = strip_left_padding(input_ids, model_kwargs.get("attention_mask"))
     check_generation_inputs(input_ids, generation_config)
-    stats = SpeculativeStats()
-    generator = candidate_generator or DynaSpecCandidateGenerator(drafter, settings, stats)
     keep_scores = bool(
         generation_config.return_dict_in_generate
         and (generation_config.output_scores or generation_config.output_logits)
@@ -99,62 +99,55 @@ def speculative_decode(
         logits_processor=logits_processor,
         stopping_criteria=stopping_criteria,
         streamer=streamer,
-        stats=stats,
+        stats=SpeculativeStats(synchronize=settings.synchronize_timers),
         keep_scores=keep_scores,
     )
     with torch.no_grad():
-        prefill(target, generator, run)
-        generator.costs = verify_costs_for(settings, target, walk_logits=run.walk_logits)
-        while not run.finished:
-            speculative_step(target, generator, run)
+        hidden, next_tokens = prefill(target, run)
+        if not run.finished:
+            costs = verify_costs_for(settings, target, walk_logits=run.walk_logits)
+            generator = DynaSpecCandidateGenerator(drafter, settings, run.stats, costs)
+            generator.extend(hidden, next_tokens)
+            while not run.finished:
+                speculative_step(target, generator, run)
     if streamer is not None:
         streamer.end()
     return build_output(run)
 
 
-def prefill(target: torch.nn.Module, generator: DynaSpecCandidateGenerator, run: _Run) -> None:
-    """Target over the prompt -> first token (the target's own choice) -> drafter over the prompt."""
-    start = time.perf_counter()
+def prefill(target: torch.nn.Module, run: _Run) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target over the prompt -> first token (the target's own choice). Returns what the drafter reads next:
+    the prompt's hidden states (L, d) (h_i predicts x_{i+1}) and the tokens after them (L,)."""
     prompt = run.input_ids
-    last_only = {"logits_to_keep": 1} if target._supports_logits_to_keep() else {}
-    out = target(input_ids=prompt, cache=run.cache, use_cache=True, output_hidden_states=True, **last_only)
-    raw = out.logits[:, -1].float()  # (1, V)
-    # On CPU the LM head's cost grows with its rows: apply it only along the walk when that is exact.
-    run.walk_logits = (
-        bool(last_only) and target.device.type == "cpu"
-        and head_reproduces_logits(target, out.hidden_states[-1][0, -1:], raw)
-    )
-    scores = run.logits_processor(run.full_ids(), raw.clone()) if len(run.logits_processor) else raw
-    token = choose_token(scores[0], run.generation_config.do_sample)
-    run.emit([token], [scores], [raw])
-    run.stats.prefill_time += time.perf_counter() - start
-    if run.finished:
-        return
-    hidden = out.hidden_states[-1][0]  # (L, d): h_i predicts x_{i+1}
-    next_tokens = torch.cat([prompt[0, 1:], prompt.new_tensor([token])])  # (L,) x_{i+1}
-    generator.extend(hidden, next_tokens)
+    with run.stats.timer("prefill", target.device):
+        last_only = {"logits_to_keep": 1} if target._supports_logits_to_keep() else {}
+        out = target(input_ids=prompt, cache=run.cache, use_cache=True, output_hidden_states=True, **last_only)
+        raw = out.logits[:, -1].float()  # (1, V)
+        # On CPU the LM head's cost grows with its rows: apply it only along the walk when that is exact.
+        run.walk_logits = (
+            bool(last_only) and target.device.type == "cpu"
+            and head_reproduces_logits(target, out.hidden_states[-1][0, -1:], raw)
+        )
+        scores = run.logits_processor(run.full_ids(), raw.clone()) if len(run.logits_processor) else raw
+        token = choose_token(scores[0], run.generation_config.do_sample)
+        run.emit([token], [scores], [raw])
+    hidden = out.hidden_states[-1][0]  # (L, d)
+    return hidden, torch.cat([prompt[0, 1:], prompt.new_tensor([token])])  # (L, d), (L,) x_{i+1}
 
 
 def speculative_step(target: torch.nn.Module, generator: DynaSpecCandidateGenerator, run: _Run) -> None:
     """Draft a tree, verify it in one target forward, emit the accepted tokens and update both caches."""
     past_length = run.input_ids.shape[1] - 1  # the root (last token) is not in the target cache yet
-    remaining = run.generation_config.max_length - run.full_ids().shape[1]
-    generator.get_candidates(run.input_ids, max_depth=max(0, remaining - 1))
-    tree = generator.tree
-    start = time.perf_counter()
-    logits, hidden = verify_forward(target, run.cache, tree, past_length, run.walk_logits)  # rows (1, V), (n, d)
-    walk = walk_tree(
-        tree, logits, run.full_ids(), run.logits_processor, run.generation_config.do_sample, run.keep_scores
-    )
-    run.stats.verify_time += time.perf_counter() - start
-    run.stats.accepted_lengths.append(len(walk.new_tokens))
-    generator.note_walk(walk.path, walk.new_tokens)
-    run.stats.tree_sizes.append(tree.num_nodes - 1)
+    tokens_left = run.generation_config.max_length - run.full_ids().shape[1]
+    tree = generator.draft(run.input_ids, max_depth=tokens_left - 1)  # room for the bonus token
+    with run.stats.timer("verify", target.device):
+        logits, hidden = verify_forward(target, run.cache, tree, past_length, run.walk_logits)  # (n, d) hidden
+        walk = walk_tree(
+            tree, logits, run.full_ids(), run.logits_processor, run.generation_config.do_sample, run.keep_scores
+        )
     run.emit(walk.new_tokens, walk.scores, walk.logits)
     keep_accepted(run.cache, past_length, walk.path)
-    if not run.finished:
-        new_tokens = torch.tensor(walk.new_tokens, device=hidden.device)
-        generator.extend(hidden[walk.path], new_tokens)
+    generator.accept(tree, walk, None if run.finished else hidden)
 
 
 def choose_token(scores: torch.Tensor, do_sample: bool) -> int:

@@ -7,6 +7,9 @@ criteria, cache, streamer and assistant. We wrap two methods of `GenerationMixin
   transformers' own method unchanged.
 - `_validate_generation_mode`: a DynaSpec drafter with beam search (which transformers would silently ignore)
   is refused.
+At install the wrapped methods' signatures are checked against what the wrappers call (`EXPECTED`): a
+transformers release that renamed or reordered them fails at `import hf_dynaspec` with an error naming the
+supported range, not in the middle of a generation.
 Why not `custom_generate=`? A callable `custom_generate` does not receive `assistant_model` or `streamer`,
 and unknown generate() kwargs are rejected (checked on transformers 5.24); this hook keeps the plain
 `assistant_model=drafter` contract that `pipeline(..., assistant_model=drafter)` also uses.
@@ -17,16 +20,52 @@ and unknown generate() kwargs are rejected (checked on transformers 5.24); this 
 from __future__ import annotations
 
 import functools
+import inspect
+from importlib import metadata
 
+import transformers
 from transformers.generation.utils import GenerationMixin, GenerationMode
 
+from ..modeling import DynaSpecDrafter
+from .decoding import speculative_decode
+
 _MARK = "__hf_dynaspec_hook__"
+# The leading parameters each wrapped method must have, and keyword arguments it must accept.
+EXPECTED = {
+    "_assisted_decoding": (
+        ("self", "input_ids", "logits_processor", "stopping_criteria", "generation_config"),
+        ("assistant_model", "streamer", "synced_gpus"),
+    ),
+    "_validate_generation_mode": (("self", "generation_mode", "generation_config", "generation_mode_kwargs"), ()),
+}
 
 
 def _is_drafter(model: object) -> bool:
-    from ..modeling import DynaSpecDrafter
-
     return isinstance(model, DynaSpecDrafter)
+
+
+def supported_transformers() -> str:
+    """The transformers requirement this package was installed with (from its metadata)."""
+    try:
+        requirements = metadata.requires("hf-dynaspec") or []
+    except metadata.PackageNotFoundError:
+        return "the range in hf-dynaspec's pyproject.toml"
+    return next((r for r in requirements if r.replace(" ", "").startswith("transformers")), "transformers")
+
+
+def check_signature(name: str, method: object) -> None:
+    """Raise `RuntimeError` when `GenerationMixin.<name>` does not take what the wrapper passes."""
+    leading, keywords = EXPECTED[name]
+    params = inspect.signature(method).parameters
+    names = list(params)
+    takes_any_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    missing = [k for k in keywords if k not in params and not takes_any_keyword]
+    if tuple(names[: len(leading)]) != leading or missing or not hasattr(GenerationMode, "ASSISTED_GENERATION"):
+        raise RuntimeError(
+            f"hf-dynaspec cannot hook transformers {transformers.__version__}: GenerationMixin.{name} has "
+            f"parameters {names}, expected {list(leading)} first and keyword arguments {list(keywords)}. "
+            f"Install a supported version: pip install '{supported_transformers()}'."
+        )
 
 
 def _wrap_assisted_decoding(original):
@@ -35,8 +74,6 @@ def _wrap_assisted_decoding(original):
         assistant = kwargs.get("assistant_model")
         if not _is_drafter(assistant):
             return original(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs)
-        from .decoding import speculative_decode
-
         model_kwargs = {k: v for k, v in kwargs.items() if k not in _DECODING_KWARGS}
         if kwargs.get("synced_gpus"):
             raise ValueError("synced_gpus is not supported with a DynaSpec drafter.")
@@ -80,11 +117,13 @@ _WRAPPERS = {
 
 
 def install() -> None:
-    """Install the hooks on `GenerationMixin` (idempotent)."""
-    for name, wrap in _WRAPPERS.items():
-        current = getattr(GenerationMixin, name)
-        if not hasattr(current, _MARK):
-            setattr(GenerationMixin, name, wrap(current))
+    """Install the hooks on `GenerationMixin` (idempotent); `RuntimeError` on an unsupported transformers."""
+    pending = {name: getattr(GenerationMixin, name) for name in _WRAPPERS}
+    pending = {name: method for name, method in pending.items() if not hasattr(method, _MARK)}
+    for name, method in pending.items():
+        check_signature(name, method)  # all checked before any is wrapped
+    for name, method in pending.items():
+        setattr(GenerationMixin, name, _WRAPPERS[name](method))
 
 
 def uninstall() -> None:

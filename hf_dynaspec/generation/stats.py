@@ -1,35 +1,71 @@
-"""Speculative statistics of one generate() call, returned with `return_dict_in_generate=True`.
+"""Speculative statistics of one generate() call (`return_dict_in_generate=True`), and the one timer.
 
-    python -c "from hf_dynaspec.generation.stats import SpeculativeStats as S; s = S(); s.accepted_lengths += [3, 1]; print(s.summary())"
+Every field is a count or a sum, so statistics of many calls merge by addition (`merge`), and a record
+saved with `to_dict` reloads with `from_dict`: the bench keeps one dict per run and merges them per category.
+Means are properties computed from the sums. Timed sections go through `timer(name)`, which on CUDA
+synchronises before and after when `synchronize` is set (otherwise a section measures kernel launches, not
+work); section names are `SECTIONS`.
+
+    python -c "from hf_dynaspec.generation.stats import SpeculativeStats as S; s = S(steps=2, accepted_tokens=4); print(s.merge(s).summary())"
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+# Timed sections. "draft": growing the tree (drafter layer, router, head, bookkeeping); "extend": the drafter
+# over newly accepted tokens (and the head at the new root); "router" and "head": their parts of both;
+# "verify": the target's forward over the tree and the walk; "prefill": the target over the prompt.
+SECTIONS = ("prefill", "draft", "router", "head", "extend", "verify")
+
 
 @dataclass
 class SpeculativeStats:
-    """accepted_lengths: tokens emitted per target step (accepted drafts + the bonus token);
-    shortlist sizes are counted over every drafted position; shortlist recall is the fraction of target steps
-    whose first token (the target's own choice after the root) lay in the root's shortlist; times are
-    wall-clock seconds."""
+    """steps: target verification steps; accepted_tokens: tokens they emitted (accepted drafts + one bonus
+    token each); tree_nodes: draft nodes verified (root excluded); shortlist_total / shortlist_positions:
+    shortlist sizes summed over drafted positions / those positions; recall_hits / recall_checks: steps whose
+    first token (the target's own choice after the root) lay in the root's shortlist / steps checked;
+    lookup_tokens: accepted drafts that came from the lookup branch; seconds: wall time per section."""
 
-    accepted_lengths: list[int] = field(default_factory=list)
+    steps: int = 0
+    accepted_tokens: int = 0
+    tree_nodes: int = 0
     shortlist_total: int = 0
     shortlist_positions: int = 0
-    draft_time: float = 0.0  # drafter layer + router + shortlisted head + tree bookkeeping
-    router_time: float = 0.0  # of draft_time: the router MLP (CPU; on CUDA it overlaps the drafter layer)
-    head_time: float = 0.0  # of draft_time: cluster selection + shortlisted (gathered) LM head
-    verify_time: float = 0.0
-    prefill_time: float = 0.0
-    tree_sizes: list[int] = field(default_factory=list)
     recall_hits: int = 0
     recall_checks: int = 0
-    lookup_tokens: int = 0  # accepted drafts that came from the lookup branch (not the drafter)
+    lookup_tokens: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    synchronize: bool = False  # CUDA: synchronise around timed sections (not a statistic; not merged or saved)
+
+    # ----------------------------------------------------------------- recording
+    @contextmanager
+    def timer(self, name: str, device: torch.device | None = None) -> Iterator[None]:
+        """Add the wall time of the `with` block to `seconds[name]`."""
+        if name not in SECTIONS:
+            raise ValueError(f"Unknown timed section {name!r}: one of {SECTIONS}.")
+        sync = self.synchronize and device is not None and device.type == "cuda"
+        if sync:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if sync:
+                torch.cuda.synchronize(device)
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def add_step(self, accepted: int, tree_nodes: int, lookup_tokens: int) -> None:
+        self.steps += 1
+        self.accepted_tokens += accepted
+        self.tree_nodes += tree_nodes
+        self.lookup_tokens += lookup_tokens
 
     def add_shortlist(self, sizes: torch.Tensor) -> None:
         self.shortlist_total += int(sizes.sum())
@@ -39,35 +75,69 @@ class SpeculativeStats:
         self.recall_hits += int(hit)
         self.recall_checks += 1
 
-    @property
-    def shortlist_recall(self) -> float:
-        return self.recall_hits / max(1, self.recall_checks)
+    # ----------------------------------------------------------------- merging and records
+    def merge(self, other: SpeculativeStats) -> SpeculativeStats:
+        """The statistics of both runs together (a new object)."""
+        merged = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self) if f.name not in
+                  ("seconds", "synchronize")}
+        seconds = dict(self.seconds)
+        for name, value in other.seconds.items():
+            seconds[name] = seconds.get(name, 0.0) + value
+        return SpeculativeStats(**merged, seconds=seconds)
 
-    @property
-    def num_steps(self) -> int:
-        return len(self.accepted_lengths)
+    @classmethod
+    def merged(cls, stats: list[SpeculativeStats]) -> SpeculativeStats:
+        total = cls()
+        for item in stats:
+            total = total.merge(item)
+        return total
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.pop("synchronize")
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SpeculativeStats:
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"Unknown SpeculativeStats fields {sorted(unknown)}.")
+        return cls(**data)
+
+    # ----------------------------------------------------------------- means
+    def time(self, name: str) -> float:
+        return self.seconds.get(name, 0.0)
 
     @property
     def mean_accepted_length(self) -> float:
-        return sum(self.accepted_lengths) / max(1, len(self.accepted_lengths))
+        return self.accepted_tokens / max(1, self.steps)
 
     @property
     def mean_shortlist_size(self) -> float:
         return self.shortlist_total / max(1, self.shortlist_positions)
 
+    @property
+    def shortlist_recall(self) -> float:
+        return self.recall_hits / max(1, self.recall_checks)
+
+    @property
+    def mean_tree_size(self) -> float:
+        return self.tree_nodes / max(1, self.steps)
+
+    @property
+    def lookup_share(self) -> float:
+        """Share of the emitted tokens (after the prefill's) that the lookup branch drafted."""
+        return self.lookup_tokens / max(1, self.accepted_tokens)
+
     def summary(self) -> dict[str, float]:
         return {
-            "steps": self.num_steps,
+            "steps": self.steps,
             "mean_accepted_length": self.mean_accepted_length,
             "mean_shortlist_size": self.mean_shortlist_size,
             "shortlist_recall": self.shortlist_recall,
             "lookup_tokens": self.lookup_tokens,
-            "mean_tree_size": sum(self.tree_sizes) / max(1, len(self.tree_sizes)),
-            "draft_time_s": self.draft_time,
-            "router_time_s": self.router_time,
-            "head_time_s": self.head_time,
-            "verify_time_s": self.verify_time,
-            "prefill_time_s": self.prefill_time,
+            "mean_tree_size": self.mean_tree_size,
+            **{f"{name}_time_s": self.time(name) for name in SECTIONS},
         }
 
 

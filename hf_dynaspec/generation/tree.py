@@ -1,7 +1,8 @@
 """Dynamic draft trees: grow a token tree from the drafter's proposals under a node budget.
 
 Two policies share one node pool (`DraftTree`) and one drafter primitive, `expand(nodes) -> (tokens, logp)`
-(each node's top-k children with their draft log-probabilities):
+(each node's top-k children with their draft log-probabilities); the root's children are given, as the drafter
+proposed them when it last read the target (`DynaSpecCandidateGenerator.extend`):
 - "eagle2": per depth, every frontier node proposes top-k children scored by the cumulative log-probability
   log q(path) = sum log q(token | prefix); only the k best of the new layer are expanded next. At the end all
   proposals are re-ranked globally and the best `num_draft_nodes` kept (EAGLE-2).
@@ -12,7 +13,9 @@ A chain is eagle2 with k = 1. A lookup chain (copied from earlier text, see `loo
 as one more root path (`graft_chain`). With `min_draft_prob` p > 0, drafts with q(path) < p never enter the pool (so
 are never verified or expanded): q only falls along a path, so no descendant of a dropped node could pass.
 `VerifyTree` is the compact result: root (the last committed token) at 0,
-parents before children, with the ancestor matrix that becomes the tree attention mask.
+parents before children, with the ancestor matrix that becomes the tree attention mask. Every tree operation
+lives here: growing, grafting, the depth rule (`depth_limits`), closing a node set under ancestors, and one
+renumbering routine behind both `compact` (pool -> tree) and `subtree` (tree -> smaller tree).
 
     python -m pytest tests/test_tree.py -q
 """
@@ -29,6 +32,7 @@ import torch
 from .config import DraftSettings
 
 Expand = Callable[[list[int]], tuple[torch.Tensor, torch.Tensor]]  # nodes -> (F, k) tokens, (F, k) logp
+Proposals = tuple[torch.Tensor, torch.Tensor]  # (F, k) tokens, (F, k) log q
 
 
 @dataclass
@@ -39,17 +43,17 @@ class DraftTree:
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     depths: list[int] = field(default_factory=list)
-    scores: list[float] = field(default_factory=list)
+    log_q: list[float] = field(default_factory=list)  # path log-probability under the drafter (0 at the root)
     grafted: set[int] = field(default_factory=set)  # nodes added by `graft_chain` (lookup drafts)
 
     def __post_init__(self) -> None:
         self.add(self.root_token, -1, 0.0)
 
-    def add(self, token: int, parent: int, score: float) -> int:
+    def add(self, token: int, parent: int, log_q: float) -> int:
         self.tokens.append(int(token))
         self.parents.append(parent)
         self.depths.append(0 if parent < 0 else self.depths[parent] + 1)
-        self.scores.append(float(score))
+        self.log_q.append(float(log_q))
         return len(self.tokens) - 1
 
     def add_children(
@@ -60,19 +64,14 @@ class DraftTree:
         added = []
         for row, parent in enumerate(nodes):
             for token, lp in zip(tokens[row].tolist(), logp[row].tolist()):
-                score = self.scores[parent] + lp
-                if lp != float("-inf") and score >= min_score:
-                    added.append(self.add(token, parent, score))
+                log_q = self.log_q[parent] + lp
+                if lp != float("-inf") and log_q >= min_score:
+                    added.append(self.add(token, parent, log_q))
         return added
 
     def ancestors(self, node: int) -> list[int]:
         """Strict ancestors of `node`, root excluded, nearest first."""
-        out = []
-        node = self.parents[node]
-        while node > 0:
-            out.append(node)
-            node = self.parents[node]
-        return out
+        return strict_ancestors(self.parents, node)
 
 
 @dataclass
@@ -106,24 +105,39 @@ class VerifyTree:
         return path[::-1]
 
 
+def depth_limits(settings: DraftSettings, max_depth: int | None) -> tuple[int, int]:
+    """The one depth rule: (deepest draft, longest lookup branch) when no path may hold more than `max_depth`
+    drafts (the decoding loop passes tokens left to generate - 1, room for the bonus token; None: no limit)."""
+    if max_depth is None:
+        return settings.draft_depth, settings.lookup_num_tokens
+    max_depth = max(0, max_depth)
+    return min(settings.draft_depth, max_depth), min(settings.lookup_num_tokens, max_depth)
+
+
 def grow_tree(
-    tree: DraftTree, expand: Expand, settings: DraftSettings, max_depth: int, lookup: Sequence[int] = ()
+    tree: DraftTree,
+    root_children: Proposals,
+    expand: Expand,
+    settings: DraftSettings,
+    max_depth: int | None = None,
+    lookup: Sequence[int] = (),
 ) -> VerifyTree:
-    """Grow `tree` (whose root is node 0) with the configured policy, graft the `lookup` chain (tokens proposed
-    after the root by `lookup.find_continuation`, cut to `max_depth`) and return the compact tree."""
-    depth = min(settings.draft_depth, max_depth)
+    """Grow `tree` (whose root is node 0, with proposed children `root_children` (1, k) each) with the configured
+    policy, graft the `lookup` chain (tokens proposed after the root by `lookup.find_continuation`) and return
+    the compact tree; both within `depth_limits(settings, max_depth)`."""
+    depth, lookup_length = depth_limits(settings, max_depth)
     if depth < 1:
         selected = [0]
     elif settings.tree_policy == "dyspec":
-        selected = _grow_dyspec(tree, expand, settings, depth)
+        selected = _grow_dyspec(tree, root_children, expand, settings, depth)
     else:
-        selected = _grow_eagle2(tree, expand, settings, depth)
-    return compact(tree, graft_chain(tree, selected, list(lookup)[: max(0, max_depth)]))
+        selected = _grow_eagle2(tree, root_children, expand, settings, depth)
+    return compact(tree, graft_chain(tree, selected, list(lookup)[:lookup_length]))
 
 
 def graft_chain(tree: DraftTree, selected: list[int], tokens: list[int]) -> list[int]:
     """Add the root path `tokens` to the selected nodes, reusing a selected node wherever the path already
-    exists (so siblings stay distinct). New nodes carry their parent's score: q(path) is unchanged, as for a
+    exists (so siblings stay distinct). New nodes carry their parent's log q: q(path) is unchanged, as for a
     draft proposed with certainty, so they rank first among their siblings and never fall below a floor
     their parent passed."""
     chosen = set(selected)
@@ -134,7 +148,7 @@ def graft_chain(tree: DraftTree, selected: list[int], tokens: list[int]) -> list
         if match:
             node = match[0]
             continue
-        node = tree.add(token, node, tree.scores[node])
+        node = tree.add(token, node, tree.log_q[node])
         tree.grafted.add(node)
         chosen.add(node)
         out.append(node)
@@ -146,69 +160,102 @@ def min_log_q(settings: DraftSettings) -> float:
     return math.log(settings.min_draft_prob) if settings.min_draft_prob > 0 else float("-inf")
 
 
-def _grow_eagle2(tree: DraftTree, expand: Expand, settings: DraftSettings, depth: int) -> list[int]:
+def _grow_eagle2(
+    tree: DraftTree, root_children: Proposals, expand: Expand, settings: DraftSettings, depth: int
+) -> list[int]:
     k, floor = settings.draft_top_k, min_log_q(settings)
-    frontier = [0]
-    for _ in range(depth):
-        tokens, logp = expand(frontier)  # (F, k) each
-        layer = tree.add_children(frontier, tokens, logp, floor)
+    layer = tree.add_children([0], *root_children, floor)
+    for _ in range(depth - 1):
         # keep the k best of the new layer (by cumulative log-probability) for the next expansion
-        frontier = sorted(layer, key=lambda n: -tree.scores[n])[:k]
+        frontier = sorted(layer, key=lambda n: -tree.log_q[n])[:k]
         if not frontier:
             break
+        layer = tree.add_children(frontier, *expand(frontier), floor)  # expand: (F, k) each
     # global re-rank; ties go to the shallower node so that a parent always precedes its children
-    ranked = sorted(range(1, len(tree.tokens)), key=lambda n: (-tree.scores[n], tree.depths[n]))
-    return [0, *_close_under_ancestors(tree, ranked[: settings.num_draft_nodes])]
+    ranked = sorted(range(1, len(tree.tokens)), key=lambda n: (-tree.log_q[n], tree.depths[n]))
+    return [0, *close_under_ancestors(tree.parents, ranked[: settings.num_draft_nodes])]
 
 
-def _grow_dyspec(tree: DraftTree, expand: Expand, settings: DraftSettings, depth: int) -> list[int]:
+def _grow_dyspec(
+    tree: DraftTree, root_children: Proposals, expand: Expand, settings: DraftSettings, depth: int
+) -> list[int]:
     budget, width, floor = settings.num_draft_nodes, settings.draft_top_k, min_log_q(settings)
     selected = [0]
     heap: list[tuple[float, int]] = []  # (-log q(path), node): a max-heap on q(path)
-    frontier = [0]
+    new = tree.add_children([0], *root_children, floor)
     while True:
-        if frontier:
-            tokens, logp = expand(frontier)
-            for node in tree.add_children(frontier, tokens, logp, floor):
-                heapq.heappush(heap, (-tree.scores[node], node))
+        for node in new:
+            heapq.heappush(heap, (-tree.log_q[node], node))
         room = budget - (len(selected) - 1)
         if room <= 0 or not heap:
             return selected
         batch = [heapq.heappop(heap)[1] for _ in range(min(width, room, len(heap)))]
         selected.extend(batch)
-        if len(selected) - 1 < budget:  # expanding is useless once the budget is spent
-            frontier = [n for n in batch if tree.depths[n] < depth]
-        else:
-            frontier = []
+        # expanding is useless once the budget is spent
+        frontier = [n for n in batch if tree.depths[n] < depth] if len(selected) - 1 < budget else []
+        new = tree.add_children(frontier, *expand(frontier), floor) if frontier else []
 
 
-def _close_under_ancestors(tree: DraftTree, nodes: list[int]) -> list[int]:
-    """Defensive: a kept node's ancestors are kept too (true by construction unless log q == 0 ties)."""
+def strict_ancestors(parents: Sequence[int], node: int) -> list[int]:
+    """Ancestors of `node` in a parent list (root 0 has parent -1), root excluded, nearest first."""
+    out = []
+    node = parents[node]
+    while node > 0:
+        out.append(node)
+        node = parents[node]
+    return out
+
+
+def close_under_ancestors(parents: Sequence[int], nodes: Sequence[int]) -> list[int]:
+    """`nodes` and every ancestor of them, root excluded, ascending. Defensive where used: both rankings (by
+    log q, by acceptance estimate) already keep a node's parent before it, except on exact ties."""
     keep = set(nodes)
     for node in nodes:
-        keep.update(tree.ancestors(node))
-    return sorted(keep, key=lambda n: (tree.depths[n], -tree.scores[n]))
+        keep.update(strict_ancestors(parents, node))
+    keep.discard(0)
+    return sorted(keep)
 
 
 def compact(tree: DraftTree, selected: list[int]) -> VerifyTree:
-    """Renumber `selected` (root first, parents before children) and build the ancestor matrix."""
-    order = sorted(selected, key=lambda n: (tree.depths[n], -tree.scores[n]))
+    """The selected pool nodes (root included, closed under ancestors) as a `VerifyTree`: by depth, best log q
+    first within a depth, so parents precede children and children come best first."""
+    order = sorted(selected, key=lambda n: (tree.depths[n], -tree.log_q[n]))
+    grafted = [n in tree.grafted for n in range(len(tree.tokens))]
+    return _renumber(order, tree.tokens, tree.parents, tree.depths, tree.log_q, grafted)
+
+
+def subtree(tree: VerifyTree, keep: Sequence[int]) -> VerifyTree:
+    """The nodes `keep` of a verify tree (root included, closed under ancestors) in their order."""
+    columns = (tree.tokens, tree.parents, tree.depths, tree.log_q, tree.grafted)
+    return _renumber(sorted(keep), *(c.tolist() for c in columns))
+
+
+def _renumber(
+    order: list[int],
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    depths: Sequence[int],
+    log_q: Sequence[float],
+    grafted: Sequence[bool],
+) -> VerifyTree:
+    """The one renumbering routine: the nodes `order` (old indices, parents first) of a tree given as columns,
+    as a `VerifyTree` numbered 0.. in that order, with its children lists and ancestor matrix."""
     index = {node: i for i, node in enumerate(order)}
-    parents = [index[tree.parents[n]] if n else -1 for n in order]
+    new_parents = [index[parents[m]] if parents[m] >= 0 else -1 for m in order]
     n = len(order)
     ancestor = torch.zeros(n, n, dtype=torch.bool)
     children: list[list[int]] = [[] for _ in range(n)]
-    for i, p in enumerate(parents):
+    for i, p in enumerate(new_parents):
         ancestor[i, i] = True
         if p >= 0:
             ancestor[i] |= ancestor[p]
-            children[p].append(i)  # order is by score within a depth, so children come best first
+            children[p].append(i)  # in `order`: children keep their relative order
     return VerifyTree(
-        tokens=torch.tensor([tree.tokens[m] for m in order], dtype=torch.long),
-        parents=torch.tensor(parents, dtype=torch.long),
-        depths=torch.tensor([tree.depths[m] for m in order], dtype=torch.long),
+        tokens=torch.tensor([tokens[m] for m in order], dtype=torch.long),
+        parents=torch.tensor(new_parents, dtype=torch.long),
+        depths=torch.tensor([depths[m] for m in order], dtype=torch.long),
         ancestor=ancestor,
         children=children,
-        log_q=torch.tensor([tree.scores[m] for m in order], dtype=torch.float64),
-        grafted=torch.tensor([m in tree.grafted for m in order], dtype=torch.bool),
+        log_q=torch.tensor([log_q[m] for m in order], dtype=torch.float64),
+        grafted=torch.tensor([bool(grafted[m]) for m in order], dtype=torch.bool),
     )

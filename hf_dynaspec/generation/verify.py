@@ -25,7 +25,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import LogitsProcessorList
 
-from ..modeling import additive_mask
+from ..masks import additive_mask
 from .tree import VerifyTree
 
 

@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from ..modeling import additive_mask
+from ..masks import additive_mask
 from .data import Conversation, as_folders, load_dataset
 
 STATE_NAME = "trainer_state.json"
@@ -191,9 +191,9 @@ def step_losses(
     targets = batch.target_hidden.to(feats.dtype)[valid]  # (n, d)
     regression = F.smooth_l1_loss(feats, targets)
     sel = torch.randperm(feats.shape[0], generator=generator)[:head_positions]
-    logits = drafter.full_vocab_logits(feats[sel])  # (k, V)
+    logits = drafter.dense_logits(feats[sel])  # (k, V)
     with torch.no_grad():
-        target_logits = drafter.full_vocab_logits(targets[sel])  # (k, V)
+        target_logits = drafter.dense_logits(targets[sel])  # (k, V)
         target_token = target_logits.argmax(-1)  # (k,)
     if soft_targets:
         ce = -(target_logits.softmax(-1) * logits.log_softmax(-1)).sum(-1).mean()
@@ -405,10 +405,10 @@ def evaluate_drafter(
             # the target's token at each answer position (every step's positions are among these); -1 elsewhere
             gold_all = torch.full_like(batch.input_ids, -1)  # (1, T)
             answer = batch.target_hidden.to(drafter.fc.weight.dtype)[batch.valid]  # (n, d)
-            gold_all[batch.valid] = drafter.full_vocab_logits(answer).argmax(-1)
+            gold_all[batch.valid] = drafter.dense_logits(answer).argmax(-1)
             for depth, (features, router_logits, valid_mask) in enumerate(unrolled_steps(drafter, batch, unroll)):
                 valid = valid_mask.nonzero(as_tuple=True)
-                pred = drafter.full_vocab_logits(features[valid]).argmax(-1)  # (n,)
+                pred = drafter.dense_logits(features[valid]).argmax(-1)  # (n,)
                 gold = gold_all[valid]  # (n,)
                 hits[depth] += int((pred == gold).sum())
                 totals[depth] += int(gold.numel())

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hf_dynaspec import DynaSpecGenerationConfig
 from hf_dynaspec.bench import Record, Summary, headline_table, load_bench_prompts, summarize
+from hf_dynaspec.generation.stats import SpeculativeStats
 
 ROOT = Path(__file__).resolve().parents[2]
 TUNING_IDS = Path(__file__).with_name("tuning_question_ids.json")  # prompts the default tree was chosen on
@@ -86,7 +87,8 @@ def verification_cost(records: list[dict], method: str = "dynaspec") -> tuple[fl
     spec = [r for r in records if r["method"] == method]
     plain_seconds = sum(r["seconds"] for r in plain)
     plain_step = plain_seconds / sum(r["new_tokens"] for r in plain)  # seconds per token, prefill included
-    steps, verify = sum(r["steps"] for r in spec), sum(r["verify_s"] for r in spec)
+    stats = SpeculativeStats.merged([SpeculativeStats.from_dict(r["stats"]) for r in spec])
+    steps, verify = stats.steps, stats.time("verify")
     as_one_step = sum(r["seconds"] for r in spec) - verify + steps * plain_step
     return verify / steps / plain_step, plain_seconds / as_one_step
 
