@@ -246,11 +246,11 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             self._chain_length = 0
             return input_ids, None
         with self.stats.timer("draft", self.device):
-            tokens, logits = self._draft_chain(depth)  # (k,), (k, V)
+            tokens, logits = self.draft_chain(depth)  # (k,), (k, V)
         self._chain_length = tokens.numel()
         return torch.cat([input_ids, tokens[None].to(input_ids.device)], dim=-1), logits[None]
 
-    def _draft_chain(self, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft_chain(self, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`depth` drafts, each the argmax of (or, sampling, a sample from) the drafter's shortlisted
         distribution after the previous one: tokens (k,), logits over the vocabulary (k, V)."""
         vocab_size = self.drafter.config.vocab_size
