@@ -21,10 +21,12 @@ from pathlib import Path
 
 import torch
 
+from . import bench
 from .cpu import is_prepared_for_cpu, prepare_for_cpu
 from .generation.config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecGenerationConfig
 from .modeling import DynaSpecDrafter
 from .targets import encode_prompt, load_target
+from .training import frequent_tokens, generate_dataset, load_prompts, train_drafter
 
 SHIPPED_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-instruct"
 DEMO_PROMPTS = (
@@ -234,7 +236,6 @@ def compare(target, tokenizer, drafter, prompts: Sequence[str], config: DynaSpec
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from . import bench
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -260,7 +261,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_static(args: argparse.Namespace) -> int:
-    from .training import frequent_tokens
 
     drafter = DynaSpecDrafter.from_pretrained(args.drafter)
     drafter.set_static_shortlist(frequent_tokens(args.data, args.size, drafter.config.vocab_size))
@@ -270,7 +270,6 @@ def cmd_static(args: argparse.Namespace) -> int:
 
 
 def cmd_distill(args: argparse.Namespace) -> int:
-    from .training import generate_dataset, load_prompts
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -286,7 +285,6 @@ def cmd_distill(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .training import train_drafter
 
     if args.threads:
         torch.set_num_threads(args.threads)

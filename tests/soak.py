@@ -1,12 +1,14 @@
 """Fuzz / soak run: random targets, settings and prompts for a bounded time, checking exactness and invariants.
 
-Each case is drawn like `tests/test_properties.py` (vocab 32..160, eagle2 / dyspec / chain, 1..64 nodes,
-depth 1..8, top-k 1..8, dynamic / full head, random EOS, 1..30 new tokens, half of them with the oracle
-drafter) and checked by its `check_case`: greedy speculative output == plain greedy, every accepted path is
-a root path, and target / drafter cache lengths == len(sequence) - 1 after each step. An exception counts as a
-failure. Prints `cases tried: N, failures: F` and exits 1 when F > 0.
+It lives beside the tests because it runs their case grid (`tests/helpers.py`; run as a script, its own
+folder is on the import path). Each case is drawn like `tests/test_properties.py` (vocab 32..160, eagle2 /
+dyspec / chain, 1..64 nodes, depth 1..8, top-k 1..8, dynamic / full head, path-probability floors, lookup
+branches, random EOS, 1..30 new tokens, half of them with the oracle drafter) and checked by `check_case`:
+greedy speculative output == plain greedy, every accepted path is a root path, and target / drafter cache
+lengths == len(sequence) - 1 after each step. An exception counts as a failure. Prints `cases tried: N,
+failures: F` and exits 1 when F > 0.
 
-    .venv/bin/python benchmarks/soak.py --seconds 60 --seed 0
+    .venv/bin/python tests/soak.py --seconds 60 --seed 0
 """
 
 from __future__ import annotations
@@ -17,13 +19,11 @@ import random
 import sys
 import time
 import traceback
-from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # as tests/conftest.py: the kernels run on CPU tensors
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import torch  # noqa: E402
-from test_properties import HEAD_MODES, POLICIES, Case, check_case  # noqa: E402
+from helpers import HEAD_MODES, POLICIES, Case, check_case  # noqa: E402
 
 
 def random_case(rng: random.Random) -> Case:
@@ -39,6 +39,9 @@ def random_case(rng: random.Random) -> Case:
         depth=rng.randint(1, 8),
         top_k=rng.randint(1, 8),
         head_mode=rng.choice(HEAD_MODES),
+        min_draft_prob=rng.choice([0.0, 0.0, 0.05, 0.3]),
+        lookup_num_tokens=rng.choice([0, 0, 1, 4]),
+        lookup_min_ngram=rng.randint(1, 3),
         eos=rng.choice([None, rng.randrange(vocab_size)]),
         max_new_tokens=rng.randint(1, 30),
         oracle=rng.random() < 0.5,
