@@ -49,7 +49,7 @@ class DynaSpecConfig(PretrainedConfig):
         router_hidden_size (`int`): width of the router MLP's hidden layer.
         shortlist_k0 (`int`, *optional*): clusters kept at the first draft position (depth 0); default
             `default_shortlist_budget(num_clusters)`.
-        shortlist_k1 (`int`, *optional*): clusters kept at the deepest draft position; default as k0.
+        shortlist_k1 (`int`, *optional*): clusters kept at the deepest draft position; default as for k0.
         shortlist_schedule (`str`): "linear" or "exponential" decay of the cluster budget from k0 to k1.
         always_include_ids (`list[int]`): tokens always in the shortlist (the EOS ids by default).
         static_shortlist_size (`int`, *optional*): size of the stored static (frequency-ranked) shortlist
