@@ -37,7 +37,7 @@ from .config import DraftSettings, resolve_draft_settings
 from .cost import AcceptanceTracker, VerifyCosts, trim_to_cost
 from .lookup import find_continuation
 from .stats import SpeculativeStats
-from .tree import DraftTree, Expand, Proposals, VerifyTree, grow_tree
+from .tree import DraftTree, Expand, Proposals, VerifyTree, depth_limits, grow_tree
 from .verify import WalkResult, crop_cache
 
 if TYPE_CHECKING:
@@ -239,9 +239,8 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         if not 0 < new <= hidden[-1].shape[1]:
             raise ValueError(f"Expected hidden states for {new} new positions, got {hidden[-1].shape[1]}.")
         self.extend(hidden[-1][0, :new], input_ids[0, -new:])
-        depth = self.settings.draft_depth
-        if self.max_length is not None:
-            depth = min(depth, self.max_length - input_ids.shape[1] - 1)  # room for the bonus token
+        room = None if self.max_length is None else self.max_length - input_ids.shape[1] - 1  # bonus token
+        depth, _ = depth_limits(self.settings, room)
         if depth < 1:
             self._chain_length = 0
             return input_ids, None
