@@ -29,6 +29,7 @@ _DROPPED_TARGET_KEYS = (
     "model_type",
 )
 SCHEDULES = ("linear", "exponential")
+LAYER_FAMILY = "llama"  # the drafter layer of every new drafter, whatever the target's family (as vLLM / SGLang)
 
 
 def default_shortlist_budget(num_clusters: int) -> tuple[int, int]:
@@ -42,9 +43,12 @@ class DynaSpecConfig(PretrainedConfig):
     Args:
         vocab_size (`int`): the target's vocabulary size (rows of its LM head).
         hidden_size (`int`): the target's hidden size (the drafter reads the target's hidden states).
-        target_model_type (`str`): the target's `model_type` (e.g. "llama"); the drafter layer is of this family.
-        target_config (`dict`): the target's text config as a dict; the drafter layer is built from it with
-            `num_hidden_layers=1`.
+        target_model_type (`str`): the target's `model_type` (e.g. "llama", "gemma3_text").
+        target_config (`dict`): the target's text config as a dict; the drafter layer is sized from it.
+        layer_family (`str`, *optional*): the drafter layer's family: "llama" (one Llama decoder layer sized from
+            the target's config, for targets of any family; what new drafters use), or the target's own
+            `model_type` (drafters saved before this field existed, whose layer was of the target's family).
+            Default: `target_model_type`, so older checkpoints load as they were saved.
         num_clusters (`int`): number of vocabulary clusters M (spherical k-means over LM-head rows).
         router_hidden_size (`int`): width of the router MLP's hidden layer.
         shortlist_k0 (`int`, *optional*): clusters kept at the first draft position (depth 0); default
@@ -74,6 +78,7 @@ class DynaSpecConfig(PretrainedConfig):
         always_include_ids: list[int] | None = None,
         static_shortlist_size: int = 0,
         target_name_or_path: str | None = None,
+        layer_family: str | None = None,
         bos_token_id: int | None = None,
         eos_token_id: int | list[int] | None = None,
         pad_token_id: int | None = None,
@@ -92,6 +97,7 @@ class DynaSpecConfig(PretrainedConfig):
         self.always_include_ids = list(always_include_ids or [])
         self.static_shortlist_size = static_shortlist_size
         self.target_name_or_path = target_name_or_path
+        self.layer_family = layer_family or target_model_type
         # the target's special tokens: transformers compares them to decide whether tokenizers are shared
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
@@ -147,16 +153,27 @@ class DynaSpecConfig(PretrainedConfig):
         return int(min(max(round(k), 1), self.num_clusters))
 
     def build_layer_config(self) -> PretrainedConfig:
-        """The target family's config for the single drafter layer."""
-        fields = {k: v for k, v in self.target_config.items() if k not in _DROPPED_TARGET_KEYS}
-        fields.update(num_hidden_layers=1, hidden_size=self.hidden_size, vocab_size=self.vocab_size)
-        try:
-            layer_config = AutoConfig.for_model(self.target_model_type, **fields)
-        except ValueError as err:
+        """The config of the single drafter layer: a Llama layer sized from the target (`layer_family="llama"`),
+        or, for older checkpoints, the target family's own config with one layer."""
+        if self.layer_family == LAYER_FAMILY:
+            fields = llama_layer_fields(self.target_config)
+            fields.update(hidden_size=self.hidden_size, vocab_size=self.vocab_size)
+            layer_config = AutoConfig.for_model(LAYER_FAMILY, **fields)
+        elif self.layer_family == self.target_model_type:
+            fields = {k: v for k, v in self.target_config.items() if k not in _DROPPED_TARGET_KEYS}
+            fields.update(num_hidden_layers=1, hidden_size=self.hidden_size, vocab_size=self.vocab_size)
+            try:
+                layer_config = AutoConfig.for_model(self.target_model_type, **fields)
+            except ValueError as err:
+                raise ValueError(
+                    f"Unknown target model type {self.target_model_type!r} in the drafter config: this "
+                    "transformers version cannot build its decoder layer."
+                ) from err
+        else:
             raise ValueError(
-                f"Unknown target model type {self.target_model_type!r} in the drafter config: this "
-                "transformers version cannot build its decoder layer."
-            ) from err
+                f"DynaSpecConfig.layer_family must be {LAYER_FAMILY!r} or the target's model_type "
+                f"{self.target_model_type!r}, got {self.layer_family!r}."
+            )
         layer_config._attn_implementation = self._attn_implementation or "sdpa"
         return layer_config
 
@@ -171,6 +188,7 @@ class DynaSpecConfig(PretrainedConfig):
         kwargs.setdefault("target_name_or_path", getattr(target_config, "_name_or_path", None) or None)
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             kwargs.setdefault(name, getattr(text_config, name, None))
+        kwargs.setdefault("layer_family", LAYER_FAMILY)
         return cls(
             vocab_size=text_config.vocab_size,
             hidden_size=text_config.hidden_size,
@@ -178,6 +196,30 @@ class DynaSpecConfig(PretrainedConfig):
             target_config=fields,
             **kwargs,
         )
+
+
+def llama_layer_fields(target: dict[str, Any]) -> dict[str, Any]:
+    """A Llama decoder layer's config fields from a target's text config (any family): its width, heads,
+    activation, norm epsilon and the rotary embedding of its full-attention layers."""
+    heads = target["num_attention_heads"]
+    rope = target.get("rope_parameters") or {}
+    if "full_attention" in rope:  # per attention kind (Gemma 3): the global layers' rotary embedding
+        rope = rope["full_attention"]
+    if not rope and target.get("rope_theta") is not None:
+        rope = {"rope_type": "default", "rope_theta": target["rope_theta"]}
+    return dict(
+        hidden_size=target["hidden_size"],
+        intermediate_size=target.get("intermediate_size") or 4 * target["hidden_size"],
+        num_hidden_layers=1,
+        num_attention_heads=heads,
+        num_key_value_heads=target.get("num_key_value_heads") or heads,
+        head_dim=target.get("head_dim") or target["hidden_size"] // heads,
+        hidden_act=target.get("hidden_activation") or target.get("hidden_act") or "silu",
+        rms_norm_eps=target.get("rms_norm_eps") or target.get("layer_norm_eps") or 1e-6,
+        max_position_embeddings=target.get("max_position_embeddings") or 4096,
+        rope_parameters=dict(rope) or None,
+        attention_bias=bool(target.get("attention_bias", False)),
+    )
 
 
 AutoConfig.register(MODEL_TYPE, DynaSpecConfig, exist_ok=True)

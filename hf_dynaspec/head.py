@@ -26,6 +26,30 @@ from .router import select_clusters
 HEAD_MODES = ("dynamic", "full", "static")
 
 
+@dataclass(frozen=True)
+class LogitTransform:
+    """What a target does to `lm_head(h)` before its logits come out: multiply by `scale` (Granite divides by
+    `logits_scaling`, Cohere multiplies by `logit_scale`), then soft-cap, cap * tanh(x / cap) (Gemma 2 / 3).
+    Monotone, so drafts keep their order; it matters for the draft probabilities q."""
+
+    scale: float = 1.0
+    softcap: float | None = None
+
+    @classmethod
+    def of(cls, config) -> LogitTransform:
+        text = config.get_text_config()
+        scale = 1.0 / getattr(text, "logits_scaling", None) if getattr(text, "logits_scaling", None) else 1.0
+        scale *= getattr(text, "logit_scale", None) or 1.0
+        return cls(scale=float(scale), softcap=getattr(text, "final_logit_softcapping", None))
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
 @dataclass
 class HeadOutput:
     """Shortlisted logits of T draft positions.
@@ -56,8 +80,10 @@ class ShortlistHead:
         clusters: VocabClusters,
         always_include_ids: list[int],
         static_token_ids: torch.Tensor | None,
+        transform: LogitTransform = LogitTransform(),
     ) -> None:
         self.weight = weight  # (V, d) the target's LM head, not copied
+        self.transform = transform
         self.clusters = clusters
         self.device = weight.device
         self.cluster_of_token = clusters.cluster_of_token.to(self.device)  # (V,)
@@ -78,7 +104,7 @@ class ShortlistHead:
     ) -> HeadOutput:
         """features: (T, d) drafter outputs -> HeadOutput over the mode's shortlist; k: clusters per position."""
         if mode == "full":
-            logits = F.linear(features, self.weight).float()  # (T, V)
+            logits = self.transform(F.linear(features, self.weight).float())  # (T, V)
             ids = torch.arange(logits.shape[-1], device=self.device)
             return HeadOutput(ids, logits, torch.full_like(ids[:1], ids.numel()).expand(logits.shape[0]))
         if mode == "static":
@@ -87,7 +113,7 @@ class ShortlistHead:
                     "head_mode='static' needs a static shortlist: build the drafter with "
                     "`static_token_ids=` (e.g. the most frequent tokens) or use head_mode='dynamic'."
                 )
-            logits = F.linear(features, self.static_weight).float()  # (T, S)
+            logits = self.transform(F.linear(features, self.static_weight).float())  # (T, S)
             sizes = torch.full((logits.shape[0],), logits.shape[1], device=self.device)
             return HeadOutput(self.static_ids, logits, sizes)
         if mode == "dynamic":
@@ -111,7 +137,7 @@ class ShortlistHead:
         # Always-included ids (EOS): add a column unless the position's own clusters already hold them.
         extra_logits = F.linear(features, self.extra_weight).float()  # (T, E)
         extra_own = ~selected[:, self.cluster_of_token[self.extra_ids]]  # (T, E)
-        logits = torch.cat([logits, extra_logits], dim=-1)  # (T, S + E)
+        logits = self.transform(torch.cat([logits, extra_logits], dim=-1))  # (T, S + E)
         own = torch.cat([own, extra_own], dim=-1)
         logits = logits.masked_fill(~own, float("-inf"))
         return HeadOutput(torch.cat([token_ids, self.extra_ids]), logits, own.sum(dim=-1))

@@ -30,7 +30,7 @@ from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 from .clustering import VocabClusters, cluster_vocabulary
 from .configuration import DynaSpecConfig
 from .generation.config import DynaSpecGenerationConfig, default_drafter_generation_config
-from .head import HeadOutput, ShortlistHead
+from .head import HeadOutput, LogitTransform, ShortlistHead
 from .masks import causal_mask
 from .router import ClusterRouter, Timer, run_router_beside
 
@@ -58,18 +58,19 @@ class _Binding:
 
 
 def family_modules(model_type: str) -> tuple[type, type, type]:
-    """(DecoderLayer, RMSNorm, RotaryEmbedding) classes of a transformers model family, e.g. Llama's."""
+    """(DecoderLayer, RMSNorm, RotaryEmbedding) classes of a transformers model family: Llama's for every new
+    drafter (`DynaSpecConfig.layer_family`), the target's own for checkpoints saved before that field."""
     base_name = MODEL_MAPPING_NAMES.get(model_type)
     if base_name is None:
-        raise ValueError(f"Target model type {model_type!r} is unknown to this transformers version.")
+        raise ValueError(f"Drafter layer family {model_type!r} is unknown to this transformers version.")
     prefix = base_name.removesuffix("Model")
     module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
     names = (f"{prefix}DecoderLayer", f"{prefix}RMSNorm", f"{prefix}RotaryEmbedding")
     classes = tuple(getattr(module, name, None) for name in names)
     if any(cls is None for cls in classes):
         raise ValueError(
-            f"Target family {model_type!r} is not supported: the drafter needs {names} in "
-            f"{module.__name__}. Supported: Llama-style decoders (llama, mistral, qwen2, qwen3, ...)."
+            f"Drafter layer family {model_type!r} is not supported: the drafter needs {names} in "
+            f"{module.__name__}. Rebuild the drafter with `DynaSpecDrafter.from_target(target)` (a Llama layer)."
         )
     return classes  # type: ignore[return-value]
 
@@ -87,7 +88,7 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
     def __init__(self, config: DynaSpecConfig) -> None:
         super().__init__(config)
         layer_config = config.build_layer_config()
-        layer_cls, norm_cls, rotary_cls = family_modules(config.target_model_type)
+        layer_cls, norm_cls, rotary_cls = family_modules(config.layer_family)
         d = config.hidden_size
         eps = getattr(layer_config, "rms_norm_eps", 1e-6)
         self.fc = nn.Linear(2 * d, d, bias=False)
@@ -136,13 +137,20 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
 
     @torch.no_grad()
     def init_layer_from_target(self, target: PreTrainedModel, layer_index: int = -1) -> DynaSpecDrafter:
-        """Start the drafter layer from one of the target's decoder layers (same family and width): the
-        drafter then begins close to the target's own computation, which speeds up training."""
+        """Start the drafter layer from one of the target's decoder layers (same parameters: Llama-style targets
+        such as Llama, Mistral, SmolLM2): the drafter then begins close to the target's own computation, which
+        speeds up training."""
         self.check_target(target)
         layers = getattr(getattr(target, "model", None), "layers", None)
         if layers is None:
             raise ValueError(f"{type(target).__name__} has no `model.layers` to copy a decoder layer from.")
-        self.layer.load_state_dict(layers[layer_index].state_dict())
+        try:
+            self.layer.load_state_dict(layers[layer_index].state_dict())
+        except RuntimeError as err:
+            raise ValueError(
+                f"The drafter's {type(self.layer).__name__} cannot start from a {type(layers[layer_index]).__name__} "
+                f"(different parameters): skip init_layer_from_target (--copy-last-layer) for this target.\n{err}"
+            ) from err
         return self
 
     def set_static_shortlist(self, token_ids: torch.Tensor) -> None:
@@ -207,7 +215,8 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         if self.fc.weight.device != weight.device or self.fc.weight.dtype != weight.dtype:
             self.to(device=weight.device, dtype=weight.dtype)
         static_ids = self.static_token_ids if self.static_token_ids.numel() else None
-        head = ShortlistHead(weight, self.clusters, self.config.always_include_ids, static_ids)
+        transform = LogitTransform.of(target.config)
+        head = ShortlistHead(weight, self.clusters, self.config.always_include_ids, static_ids, transform)
         self._binding = _Binding(target, target.get_input_embeddings(), head)
         return self
 
@@ -279,8 +288,10 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         return output
 
     def dense_logits(self, features: torch.Tensor) -> torch.Tensor:
-        """Dense logits over the whole vocabulary: features (..., d) -> (..., V). For training and tests."""
-        return nn.functional.linear(features, self._require_binding().head.weight)
+        """Dense logits over the whole vocabulary, as the target makes them: features (..., d) -> (..., V). For
+        training and tests."""
+        head = self._require_binding().head
+        return head.transform(nn.functional.linear(features, head.weight))
 
     # ----------------------------------------------------------------- persistence
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:

@@ -23,12 +23,23 @@ def test_plain_head_reproduces_logits(target):
     assert head_reproduces_logits(target, *final_hidden_and_logits(target, prompt(5)))
 
 
-def test_soft_capped_logits_are_detected():
+def tiny_gemma2(softcap: float | None = 0.5):
     torch.manual_seed(0)
     config = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, final_logit_softcapping=0.5)
-    model = Gemma2ForCausalLM(config).eval()
-    assert not head_reproduces_logits(model, *final_hidden_and_logits(model, prompt(5, vocab_size=64)))
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, final_logit_softcapping=softcap)
+    return Gemma2ForCausalLM(config).eval()
+
+
+def test_soft_capped_logits_are_reproduced_with_the_cap():
+    model = tiny_gemma2()
+    assert head_reproduces_logits(model, *final_hidden_and_logits(model, prompt(5, vocab_size=64)))
+
+
+def test_unknown_logit_post_processing_is_detected():
+    model = tiny_gemma2()
+    hidden, logits = final_hidden_and_logits(model, prompt(5, vocab_size=64))
+    model.config.final_logit_softcapping = None  # the logits above were capped: now an unknown transform
+    assert not head_reproduces_logits(model, hidden, logits * 0 + logits.max())
 
 
 @pytest.mark.parametrize("walk_logits", [True, False])

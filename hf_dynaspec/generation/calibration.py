@@ -16,7 +16,7 @@ import weakref
 import torch
 from transformers import DynamicCache
 
-from ..masks import causal_mask
+from ..masks import target_masks
 from .config import DraftSettings
 from .cost import VerifyCosts
 from .verify import WALK_ROWS, crop_cache
@@ -36,8 +36,10 @@ def time_forward(
     `WALK_ROWS` tokens only, as `verify_forward`). The cache is cropped back after each run."""
     device = target.device
     ids = torch.randint(0, target.config.get_text_config().vocab_size, (1, n), device=device)
-    mask = causal_mask(n, context, target.dtype, device)  # (1, 1, n, context + n)
-    positions = torch.arange(context, context + n, device=device)[None]
+    allowed = torch.ones(n, context + n, dtype=torch.bool, device=device).tril(diagonal=context)
+    key_positions = torch.arange(context + n, device=device)
+    mask = target_masks(target.config, allowed, key_positions[context:], key_positions, target.dtype)
+    positions = key_positions[None, context:]  # (1, n)
     keep = {"logits_to_keep": torch.arange(min(n, WALK_ROWS), device=device)} if walk_logits else {}
     times = []
     for _ in range(repeats):

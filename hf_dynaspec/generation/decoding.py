@@ -90,11 +90,12 @@ def speculative_decode(
         generation_config.return_dict_in_generate
         and (generation_config.output_scores or generation_config.output_logits)
     )
-    cache = model_kwargs.get("cache")
     run = _Run(
         input_ids=input_ids,
         padding=padding,
-        cache=cache if isinstance(cache, DynamicCache) and cache.get_seq_length() == 0 else DynamicCache(),
+        # a cache of full layers (no config): sliding-window layers keep every position and the tree masks apply
+        # each node's window, so rejected drafts never evict a token a later step still sees
+        cache=DynamicCache(),
         generation_config=generation_config,
         logits_processor=logits_processor,
         stopping_criteria=stopping_criteria,

@@ -1,7 +1,8 @@
 """Exact verification of a draft tree by the target, over the full vocabulary, in one forward pass.
 
 - `verify_forward`: the target runs once over [root, nodes...] on top of its cache with a 4D tree mask (each
-  node sees the committed prefix and its own ancestors) and per-node positions (prefix length + depth).
+  node sees the committed prefix and its own ancestors; on sliding-window layers only those within the window
+  of its own position, `masks.target_masks`) and per-node positions (prefix length + depth).
   With `walk_logits`, that pass computes logits only for the likeliest walk (the root and its chain of best
   children, `WALK_ROWS` nodes: on CPU a few rows cost one, since BLAS streams the head's weights once for
   up to 3 rows); `NodeLogits` applies the target's LM head to any other node's final hidden state when
@@ -25,7 +26,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import LogitsProcessorList
 
-from ..masks import additive_mask
+from ..head import LogitTransform
+from ..masks import target_masks
 from .tree import VerifyTree
 
 
@@ -43,12 +45,13 @@ class WalkResult:
 @dataclass
 class NodeLogits:
     """Raw target logits at tree nodes, each (1, V) fp32: precomputed rows, the rest made on demand by
-    `head` (the target's output embedding) from `hidden` (n, d), the final (normed) hidden states
-    (both None when every row is precomputed)."""
+    `head` (the target's output embedding, then its `transform`: scaling, soft-capping) from `hidden` (n, d),
+    the final (normed) hidden states (both None when every row is precomputed)."""
 
     hidden: torch.Tensor | None
     head: torch.nn.Module | None
     rows: dict[int, torch.Tensor]
+    transform: LogitTransform = LogitTransform()
 
     @classmethod
     def from_tensor(cls, logits: torch.Tensor) -> NodeLogits:
@@ -57,18 +60,19 @@ class NodeLogits:
 
     def row(self, node: int) -> torch.Tensor:
         if node not in self.rows:
-            self.rows[node] = self.head(self.hidden[node : node + 1]).float()  # (1, d) @ (d, V) -> (1, V)
+            self.rows[node] = self.transform(self.head(self.hidden[node : node + 1]).float())  # (1, V)
         return self.rows[node]
 
 
 def head_reproduces_logits(target: torch.nn.Module, hidden: torch.Tensor, logits: torch.Tensor) -> bool:
-    """Does the target's output embedding applied to its final hidden states (1, d) give its logits (1, V)?
-    False for models that post-process logits (soft-capping, scaling): those verify with full logits."""
+    """Does the target's output embedding applied to its final hidden states (1, d), then its known logit
+    transform (scaling, soft-capping), give its logits (1, V)? False for models that post-process logits in
+    other ways: those verify with full logits."""
     head = target.get_output_embeddings()
     if head is None:
         return False
     with torch.no_grad():
-        mine = head(hidden).float()  # (1, V)
+        mine = LogitTransform.of(target.config)(head(hidden).float())  # (1, V)
     return mine.shape == logits.shape and torch.allclose(mine, logits.float(), rtol=1e-4, atol=1e-4)
 
 
@@ -92,12 +96,13 @@ def verify_forward(
     n = tree.num_nodes
     rows = likely_walk(tree) if walk_logits else None
     allowed = torch.cat([torch.ones(n, past_length, dtype=torch.bool), tree.ancestor], dim=1)  # (n, past + n)
-    mask = additive_mask(allowed.to(device), target.dtype)  # (1, 1, n, past + n)
-    position_ids = (past_length + tree.depths).to(device)[None]  # (1, n)
+    positions = (past_length + tree.depths).to(device)  # (n,) each node at prefix length + depth
+    key_positions = torch.cat([torch.arange(past_length, device=device), positions])  # (past + n,)
+    mask = target_masks(target.config, allowed.to(device), positions, key_positions, target.dtype)
     out = target(
         input_ids=tree.tokens.to(device)[None],
-        attention_mask=mask,
-        position_ids=position_ids,
+        attention_mask=mask,  # (1, 1, n, past + n), or one per attention kind
+        position_ids=positions[None],
         cache=cache,
         use_cache=True,
         output_hidden_states=True,
@@ -106,7 +111,7 @@ def verify_forward(
     hidden = out.hidden_states[-1][0]  # (n, d)
     if walk_logits:
         known = {node: out.logits[0, i : i + 1].float() for i, node in enumerate(rows)}  # each (1, V)
-        return NodeLogits(hidden, target.get_output_embeddings(), known), hidden
+        return NodeLogits(hidden, target.get_output_embeddings(), known, LogitTransform.of(target.config)), hidden
     return NodeLogits.from_tensor(out.logits[0]), hidden
 
 
@@ -171,7 +176,8 @@ def keep_accepted(cache: DynamicCache, past_length: int, path: list[int]) -> Non
     """Keep cache entries [0, past_length) and the new entries at `path` (indices into the verified nodes).
 
     The tail is gathered in place: keys[past + j] <- keys[past + path[j]]; safe because path is increasing
-    and path[j] >= j, so no entry is overwritten before it is read.
+    and path[j] >= j, so no entry is overwritten before it is read. Every layer keeps every position (sliding
+    layers too: their window is applied by the mask), so rejected nodes never push out a token still in a window.
     """
     index = torch.tensor(path, dtype=torch.long)
     contiguous = path == list(range(len(path)))
