@@ -31,7 +31,7 @@ from .clustering import VocabClusters, cluster_vocabulary
 from .configuration import DynaSpecConfig
 from .generation.config import DynaSpecGenerationConfig, default_drafter_generation_config
 from .head import HeadOutput, LogitTransform, ShortlistHead
-from .masks import causal_mask
+from .masks import attention_kinds, causal_mask
 from .router import ClusterRouter, Timer, run_router_beside
 
 
@@ -122,7 +122,9 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         cluster_iters: int = 20,
         **config_kwargs: Any,
     ) -> DynaSpecDrafter:
-        """A fresh (untrained) drafter for `target`: clusters from its LM head, layer from its family."""
+        """A fresh (untrained) drafter for `target`: clusters from its LM head, one Llama decoder layer sized from
+        its config (whatever its family)."""
+        check_target_kind(target)
         if static_token_ids is not None:
             config_kwargs["static_shortlist_size"] = int(static_token_ids.numel())
         config = DynaSpecConfig.from_target_config(target.config, num_clusters=num_clusters, **config_kwargs)
@@ -186,10 +188,9 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
 
     def check_target(self, target: PreTrainedModel) -> None:
         """Raise `ValueError` naming both values when `target` is not the model this drafter was built for."""
+        check_target_kind(target)
         text_config = target.config.get_text_config()
         head = target.get_output_embeddings()
-        if head is None or not hasattr(head, "weight"):
-            raise ValueError(f"{type(target).__name__} has no LM head: bind the drafter to a *ForCausalLM model.")
         checks = (
             ("model family (model_type)", text_config.model_type, self.config.target_model_type),
             ("vocabulary size", head.weight.shape[0], self.config.vocab_size),
@@ -327,6 +328,20 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
             pass  # no generation_config.json: keep the defaults built in __init__
         model.clusters.validate()
         return model
+
+
+def check_target_kind(target: PreTrainedModel) -> None:
+    """Raise `ValueError` saying what is missing when `target` cannot be drafted for: it must be a decoder-only
+    model with an LM head whose layers use full or sliding-window attention (`masks.attention_kinds`)."""
+    name = type(target).__name__
+    if getattr(target.config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"{name} is an encoder-decoder model: DynaSpec drafts for decoder-only causal LMs (*ForCausalLM)."
+        )
+    head = target.get_output_embeddings()
+    if head is None or not hasattr(head, "weight"):
+        raise ValueError(f"{name} has no LM head: bind the drafter to a *ForCausalLM model.")
+    attention_kinds(target.config)
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -1,7 +1,7 @@
 """What the tests (and `tests/soak.py`) share: tiny random models built in code (nothing is downloaded),
 greedy / speculative generation helpers, the oracle candidate generator (it drafts the target's own greedy
-continuation, so long accepted paths happen), the end-to-end case grid with its invariant checks, and
-random draft trees (a hypothesis strategy).
+continuation, so long accepted paths happen), the end-to-end case grid with its invariant checks, random
+draft trees (a hypothesis strategy), and the exact sampling marginals of a tiny target with a chi-square test.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from unittest import mock
 import torch
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.generation.logits_process import LogitsProcessorList
 
 import hf_dynaspec  # noqa: F401  (installs the generate() hook)
 from hf_dynaspec import DynaSpecConfig, DynaSpecDrafter, DynaSpecGenerationConfig
@@ -242,3 +243,36 @@ def lookup_on_a_path(tree: VerifyTree, lookup: list[int]) -> bool:
             return False
         node = children[0]
     return True
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+VOCAB = 8  # vocabulary of the sampling targets: small enough to enumerate two steps exactly
+CHI2_999_DF7 = 24.32  # 0.999 quantile of chi-square with VOCAB - 1 = 7 degrees of freedom
+
+
+def processed_probs(target, ids: list[int], processors: LogitsProcessorList) -> torch.Tensor:
+    input_ids = torch.tensor([ids])
+    with torch.no_grad():
+        logits = target(input_ids).logits[:, -1].float()
+    return torch.softmax(processors(input_ids, logits), dim=-1)[0]  # (V,)
+
+
+def exact_marginals(target, prompt: list[int], processors: LogitsProcessorList) -> tuple[torch.Tensor, torch.Tensor]:
+    p1 = processed_probs(target, prompt, processors)
+    p2_marginal = torch.zeros(VOCAB)
+    p3_marginal = torch.zeros(VOCAB)
+    for x1 in range(VOCAB):
+        p2 = processed_probs(target, prompt + [x1], processors)
+        p2_marginal += p1[x1] * p2
+        for x2 in range(VOCAB):
+            if p1[x1] * p2[x2] > 0:
+                p3_marginal += p1[x1] * p2[x2] * processed_probs(target, prompt + [x1, x2], processors)
+    return p2_marginal, p3_marginal
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    keep = expected > 0
+    assert counts[~keep].sum() == 0, "sampled a token the target gives probability 0"
+    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())

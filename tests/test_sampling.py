@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import tiny_drafter, tiny_target
+from helpers import CHI2_999_DF7, VOCAB, chi_square, exact_marginals, tiny_drafter, tiny_target
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     TemperatureLogitsWarper,
@@ -22,36 +22,7 @@ from transformers.generation.logits_process import (
 
 from hf_dynaspec import DynaSpecGenerationConfig
 
-VOCAB = 8
 SAMPLES = 1200
-CHI2_999_DF7 = 24.32
-
-
-def processed_probs(target, ids: list[int], processors: LogitsProcessorList) -> torch.Tensor:
-    input_ids = torch.tensor([ids])
-    with torch.no_grad():
-        logits = target(input_ids).logits[:, -1].float()
-    return torch.softmax(processors(input_ids, logits), dim=-1)[0]  # (V,)
-
-
-def exact_marginals(target, prompt: list[int], processors: LogitsProcessorList) -> tuple[torch.Tensor, torch.Tensor]:
-    p1 = processed_probs(target, prompt, processors)
-    p2_marginal = torch.zeros(VOCAB)
-    p3_marginal = torch.zeros(VOCAB)
-    for x1 in range(VOCAB):
-        p2 = processed_probs(target, prompt + [x1], processors)
-        p2_marginal += p1[x1] * p2
-        for x2 in range(VOCAB):
-            if p1[x1] * p2[x2] > 0:
-                p3_marginal += p1[x1] * p2[x2] * processed_probs(target, prompt + [x1, x2], processors)
-    return p2_marginal, p3_marginal
-
-
-def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    expected = probs * counts.sum()
-    keep = expected > 0
-    assert counts[~keep].sum() == 0, "sampled a token the target gives probability 0"
-    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
 
 
 @pytest.mark.parametrize(
