@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .evaluation import load as load_evaluation
 from .generation.config import DynaSpecGenerationConfig
 from .generation.stats import SpeculativeStats
 from .targets import encode_prompt
@@ -248,7 +249,50 @@ def summarize(records: list[Record]) -> list[Summary]:
             extra={"lookup_share": stats.lookup_share},
         ))
     compare_heads(out)
+    add_significance(out, groups)
     return sorted(out, key=lambda s: (s.category != "overall", s.category, s.method))
+
+
+SIGNIFICANCE = 0.05  # a speedup counts as significant when Wilcoxon's p is below this
+
+
+def paired_speedup(method: list[Record], baseline: list[Record], module) -> dict | None:
+    """Speedup of `method` over `baseline` on the prompts both ran (paired by question id), its bootstrap
+    95% interval and Wilcoxon p-value (the local `paired_speedup` evaluate module); None without 2 pairs."""
+    base = {r.question_id: r.seconds for r in baseline}
+    pairs = [(r.seconds, base[r.question_id]) for r in method if r.question_id in base]
+    if len(pairs) < 2:
+        return None
+    mine, theirs = zip(*pairs)
+    return module.compute(predictions1=list(mine), predictions2=list(theirs))
+
+
+def add_significance(summaries: list[Summary], groups: dict[tuple[str, str], list[Record]]) -> None:
+    """In `extra`: `speedup_ci` / `p_vs_plain` against plain generate(), and for drafter methods
+    `speedup_vs_full_ci` / `p_vs_full` and `speedup_vs_static_ci` / `p_vs_static` against their head twins."""
+    module = load_evaluation("paired_speedup")
+    by_key = counterparts(summaries)
+    for s in summaries:
+        recs = groups[(s.method, s.category)]
+        baselines = {"plain": groups.get(("plain", s.category))} if s.method != "plain" else {}
+        if head_key(s.method, s.category) is not None:
+            for twin in ("full", "static"):
+                other = by_key.get(head_key(s.method, s.category, twin))
+                if other is not None and other.method != s.method:
+                    baselines[twin] = groups[(other.method, s.category)]
+        for name, baseline in baselines.items():
+            result = paired_speedup(recs, baseline or [], module)
+            if result is None:
+                continue
+            suffix = "" if name == "plain" else f"_vs_{name}"
+            s.extra[f"speedup{suffix}_ci"] = result["ci"]
+            s.extra[f"p_vs_{name}"] = result["p_value"]
+
+
+def significance_mark(summary: Summary, against: str) -> str:
+    """"*" when the speedup against `against` is significant (Wilcoxon p < SIGNIFICANCE), else ""."""
+    p = summary.extra.get(f"p_vs_{against}")
+    return "*" if p is not None and p < SIGNIFICANCE else ""
 
 
 def head_key(method: str, category: str, head_mode: str | None = None) -> tuple | None:
@@ -284,7 +328,8 @@ def compare_heads(summaries: list[Summary]) -> None:
 
 def headline_table(summaries: list[Summary], method: str) -> str:
     """Per category: `method` against plain generate() and against its full-head and static-head twins
-    (empty when the run lacks them)."""
+    (empty when the run lacks them). Speedups carry their bootstrap 95% interval; "*" marks a significant
+    difference (Wilcoxon signed-rank over prompts, p < SIGNIFICANCE)."""
     by_key, by_name = counterparts(summaries), {(s.method, s.category): s for s in summaries}
     rows = ["| category | plain tok/s | speedup | vs full head | vs static | accepted: this / full / static | "
             "recovery vs full | shortlist (recall) | from lookup | mismatches (all methods) |", "|" + "---|" * 10]
@@ -298,12 +343,22 @@ def headline_table(summaries: list[Summary], method: str) -> str:
         mismatches = sum(x.mismatches for x in summaries if x.category == category)
         name = f"**{category}**" if category == "overall" else category
         rows.append(
-            f"| {name} | {plain.tokens_per_s:.1f} | {s.speedup:.2f}x | {s.extra['speedup_vs_full']:.2f}x | "
-            f"{s.extra['speedup_vs_static']:.2f}x | {s.mean_accepted_length:.2f} / {full.mean_accepted_length:.2f} / "
+            f"| {name} | {plain.tokens_per_s:.1f} | {speedup_cell(s, 'plain')} | {speedup_cell(s, 'full')} | "
+            f"{speedup_cell(s, 'static')} | {s.mean_accepted_length:.2f} / {full.mean_accepted_length:.2f} / "
             f"{static.mean_accepted_length:.2f} | {s.extra['recovery_vs_full']:.1%} | {s.mean_shortlist_size:,.0f} "
             f"({s.shortlist_recall or 0:.1%}) | {s.extra.get('lookup_share', 0):.0%} | {mismatches} |"
         )
     return "\n".join(rows)
+
+
+def speedup_cell(summary: Summary, against: str) -> str:
+    """"1.24x* (1.20-1.28)": the speedup against plain / the full / the static twin, its 95% interval (when
+    computed) and the significance mark."""
+    suffix = "" if against == "plain" else f"_vs_{against}"
+    value = summary.speedup if against == "plain" else summary.extra[f"speedup{suffix}"]
+    ci = summary.extra.get(f"speedup{suffix}_ci")
+    interval = f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else ""
+    return f"{value:.2f}x{significance_mark(summary, against)}{interval}"
 
 
 def markdown_table(summaries: list[Summary]) -> str:
@@ -346,6 +401,17 @@ def write_results(records: list[Record], out_dir: str | Path, meta: dict) -> lis
         and (table := headline_table(summaries, method))
     ]
     (out / "results.md").write_text(f"{header}\n\n{''.join(headlines)}\n## All methods\n\n{markdown_table(summaries)}\n")
+    return summaries
+
+
+def rewrite_results(out_dir: str | Path) -> list[Summary]:
+    """Summaries, tables and plots of a finished run rebuilt from its records.jsonl (and the meta of its
+    results.json): no generation."""
+    out = Path(out_dir)
+    records = [Record(**json.loads(line)) for line in (out / "records.jsonl").read_text().splitlines() if line.strip()]
+    meta = json.loads((out / "results.json").read_text())["meta"] if (out / "results.json").is_file() else {}
+    summaries = write_results(records, out, meta)
+    plot_results(summaries, out)
     return summaries
 
 

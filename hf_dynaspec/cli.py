@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from . import bench
+from . import bench, quality
 from .cpu import is_prepared_for_cpu, prepare_for_cpu
 from .generation.config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecGenerationConfig
 from .modeling import DynaSpecDrafter
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="every method side by side on Spec-Bench (or --prompts FILE.jsonl)")
     _add_decoding_target(bench)
-    bench.add_argument("--drafter", required=True, help="drafter folder or Hub id")
+    bench.add_argument("--drafter", default=None, help="drafter folder or Hub id (required unless --summarize-only)")
     bench.add_argument("--prompts", default=None, help="JSONL with `turns` or `prompt` (default: Spec-Bench)")
     bench.add_argument("--limit", type=int, default=None, help="prompts per category")
     bench.add_argument("--methods", default="plain,dynaspec,full", help="comma-separated, see hf_dynaspec.bench")
@@ -99,7 +99,21 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=1, help="time each run this many times, keep the median")
     bench.add_argument("--restart", action="store_true",
                        help="discard OUT/records.jsonl (by default a stopped run resumes from it)")
+    bench.add_argument("--summarize-only", action="store_true",
+                       help="rebuild results.json / .md and plots from OUT/records.jsonl without generating")
     bench.set_defaults(func=cmd_bench)
+
+    quality = sub.add_parser("quality", help="GSM8K answers: plain vs DynaSpec sampling (and greedy), with tests")
+    _add_decoding_target(quality)
+    quality.add_argument("--drafter", default=None, help="drafter folder or Hub id (required unless --summarize-only)")
+    quality.add_argument("--questions", default=None, help="GSM8K-style JSONL (default: data/gsm8k/test.jsonl)")
+    quality.add_argument("--limit", type=int, default=200, help="first N questions (default 200)")
+    quality.add_argument("--max-new-tokens", type=int, default=256, help="answer length cap (default 256)")
+    quality.add_argument("--out", required=True, help="folder for records.jsonl, results.json / .md and plots")
+    quality.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    quality.add_argument("--summarize-only", action="store_true",
+                         help="rebuild results from OUT/records.jsonl without generating")
+    quality.set_defaults(func=cmd_quality)
 
     static = sub.add_parser("static", help="store a frequency-ranked static shortlist in a drafter (baseline)")
     static.add_argument("--drafter", required=True, help="drafter folder (updated in place)")
@@ -238,7 +252,10 @@ def compare(target, tokenizer, drafter, prompts: Sequence[str], config: DynaSpec
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-
+    if args.summarize_only:
+        print(bench.markdown_table(bench.rewrite_results(args.out)))
+        return 0
+    require_drafter(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = bench.load_bench_prompts(args.prompts, args.limit)
@@ -260,6 +277,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if mismatches:
         print(f"WARNING: {mismatches} outputs differ from plain greedy", file=sys.stderr)
     return 1 if mismatches else 0
+
+
+def require_drafter(args: argparse.Namespace) -> None:
+    if args.drafter is None:
+        raise SystemExit(f"hf-dynaspec {args.command}: --drafter is required (unless --summarize-only).")
+
+
+def cmd_quality(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    records_path = out / "records.jsonl"
+    questions = quality.load_questions(args.questions, args.limit)
+    if args.summarize_only:
+        records = quality.load_answers(records_path)
+    else:
+        require_drafter(args)
+        target, tokenizer, drafter = load_models(args, args.drafter)
+        records = quality.run_quality(target, tokenizer, drafter, questions, args.max_new_tokens, records_path)
+    meta = {"target": args.target, "drafter": args.drafter, "questions": len({a.index for a in records}),
+            "max_new_tokens": args.max_new_tokens, "sampling": quality.SAMPLING,
+            "threads": torch.get_num_threads(), "machine": bench.machine_description()}
+    summary = quality.write_quality(records, out, meta)
+    print((out / "results.md").read_text())
+    return 0 if summary["greedy_text_exact_match"] == 1.0 else 1
 
 
 def cmd_static(args: argparse.Namespace) -> int:

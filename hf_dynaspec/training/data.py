@@ -68,10 +68,11 @@ def load_prompts(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list
 
 
 def _refuse_eval_set(path: str | os.PathLike) -> None:
-    if "spec_bench" in str(path).lower().replace("-", "_"):
+    name = Path(path).as_posix().lower().replace("-", "_")
+    if "spec_bench" in name or ("gsm8k" in name and "test" in Path(name).name):
         raise ValueError(
-            f"{path} looks like Spec-Bench, the evaluation set: training on it would contaminate the "
-            "speed-up measurements. Use other prompt sets (e.g. ShareGPT, UltraChat, GSM8K train, code)."
+            f"{path} looks like an evaluation set (Spec-Bench, GSM8K test): training on it would contaminate "
+            "the measurements. Use other prompt sets (e.g. ShareGPT, UltraChat, GSM8K train, code)."
         )
 
 

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from hf_dynaspec import DynaSpecGenerationConfig
-from hf_dynaspec.bench import Record, Summary, headline_table, load_bench_prompts, summarize
+from hf_dynaspec.bench import Record, Summary, headline_table, load_bench_prompts, speedup_cell, summarize
 from hf_dynaspec.generation.stats import SpeculativeStats
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,13 +43,13 @@ def load(path: Path) -> tuple[dict, list[Summary]]:
 def overall_row(s: Summary, vocab: float, side_run: str = "") -> str:
     if s.method in ("plain", "prompt-lookup", "early-exit"):
         name = LABELS[s.method] + (f" ({s.tokens_per_s:.1f} tok/s)" if s.method == "plain" else "") + side_run
-        return f"| {name} | {s.speedup:.2f}x | | | |"
+        return f"| {name} | {speedup_cell(s, 'plain') if s.method != 'plain' else '1.00x'} | | | |"
     lookup = s.extra.get("lookup_share", 0.0)
     accepted = f"{s.mean_accepted_length:.2f}" + (f" ({lookup:.0%} from lookup)" if lookup else "")
     recovery = f"{s.extra['recovery_vs_full']:.1%}" if "recovery_vs_full" in s.extra else ""
     recall = f" ({s.shortlist_recall:.1%})" if s.shortlist_recall is not None and s.shortlist_recall < 1 else ""
     shortlist = f"{s.mean_shortlist_size:,.0f} = {s.mean_shortlist_size / vocab:.1%}{recall}"
-    return f"| {LABELS[s.method]} | {s.speedup:.2f}x | {accepted} | {recovery} | {shortlist} |"
+    return f"| {LABELS[s.method]} | {speedup_cell(s, 'plain')} | {accepted} | {recovery} | {shortlist} |"
 
 
 def describe_defaults(fields: dict) -> str:
@@ -124,6 +124,9 @@ def summary_text(bench: Path) -> str:
         f"{meta['machine']}; {mismatches} mismatches with plain greedy over {len(speculative)} speculative runs. "
         f"Full tables, per-prompt records and plots: `{bench.as_posix()}/`. The drafter's defaults "
         f"(`generation_config.json`): {drafter_defaults(meta['drafter'])}. " + held_out_text(records),
+        "",
+        "Speedups carry their paired bootstrap 95% interval over prompts; * marks a difference that is significant "
+        "(Wilcoxon signed-rank test over prompts, p < 0.05; local `evaluate` module `paired_speedup`).",
         "",
         "| method | speedup vs plain | accepted length | recovery vs full head | mean shortlist (recall) |",
         "|---|---|---|---|---|",
