@@ -73,3 +73,36 @@ def test_generate_kwargs_reach_a_dynaspec_generation_config(target, drafter):
     # a chain holds at most draft_depth nodes (drafter default 5); the default eagle2 tree holds 12
     assert out.speculative_stats.mean_tree_size <= drafter.generation_config.draft_depth
     assert out.sequences.shape[1] == 5 + 6
+
+
+@pytest.mark.parametrize("how", ["plain-config", "kwargs"])
+def test_dynaspec_settings_on_a_plain_config_or_as_kwargs_are_honoured(target, drafter, how):
+    from transformers import GenerationConfig
+
+    ids = prompt(5)
+    if how == "plain-config":
+        out = target.generate(ids, generation_config=GenerationConfig(tree_policy="chain", max_new_tokens=12,
+                              return_dict_in_generate=True), assistant_model=drafter)
+    else:
+        out = target.generate(ids, assistant_model=drafter, tree_policy="chain", max_new_tokens=12,
+                              return_dict_in_generate=True)
+    # a chain holds at most draft_depth nodes (drafter default 5); the default eagle2 tree holds 12
+    assert out.speculative_stats.mean_tree_size <= drafter.generation_config.draft_depth
+    assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=12))
+
+
+def test_dynaspec_settings_without_a_drafter_are_refused(target):
+    from transformers import GenerationConfig
+
+    with pytest.raises(ValueError, match=r"\['tree_policy'\] need a DynaSpec drafter"):
+        target.generate(prompt(5), max_new_tokens=4, tree_policy="chain")
+    with pytest.raises(ValueError, match="need a DynaSpec drafter"):
+        target.generate(prompt(5), generation_config=GenerationConfig(draft_depth=3, max_new_tokens=4))
+
+
+def test_invalid_settings_on_a_plain_config_are_validated(target, drafter):
+    from transformers import GenerationConfig
+
+    with pytest.raises(ValueError, match="tree_policy must be one of"):
+        target.generate(prompt(5), generation_config=GenerationConfig(tree_policy="beam", max_new_tokens=4),
+                        assistant_model=drafter)

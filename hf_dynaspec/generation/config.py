@@ -105,11 +105,20 @@ class DynaSpecGenerationConfig(GenerationConfig):
 
     def speculative_fields(self) -> dict[str, Any]:
         """The speculative fields that are set (not None)."""
-        return {name: getattr(self, name) for name in SPEC_FIELDS if getattr(self, name, None) is not None}
+        return speculative_fields_of(self)
 
     def validate(self, strict: bool = False, user_set_attributes: set[str] | None = None) -> None:
         super().validate(strict=strict, user_set_attributes=user_set_attributes)
         check_speculative_fields(self.speculative_fields())
+
+
+def speculative_fields_of(config: GenerationConfig | None) -> dict[str, Any]:
+    """The speculative fields set on any generation config: a `DynaSpecGenerationConfig`'s, or those set on a
+    plain `GenerationConfig` (`GenerationConfig(tree_policy=...)` keeps unknown keys as attributes, and the
+    generate() hook moves DynaSpec keyword arguments onto the call's config), so none is silently dropped."""
+    if config is None:
+        return {}
+    return {name: getattr(config, name) for name in SPEC_FIELDS if getattr(config, name, None) is not None}
 
 
 @dataclass(frozen=True)
@@ -196,8 +205,7 @@ def resolve_draft_settings(
     merged: dict[str, Any] = dict(DEFAULT_SETTINGS)
     merged.update(shortlist_k0=drafter_config.shortlist_k0, shortlist_k1=drafter_config.shortlist_k1)
     for config in (drafter_generation_config, call_config):
-        if isinstance(config, DynaSpecGenerationConfig):
-            merged.update(config.speculative_fields())
+        merged.update(speculative_fields_of(config))
     check_speculative_fields(merged)
     if merged["lookup_min_ngram"] > merged["lookup_max_ngram"]:
         raise ValueError(

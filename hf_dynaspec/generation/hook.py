@@ -2,11 +2,13 @@
 
 transformers looks the decoding method up by name on the model's class at every call
 (`GENERATION_MODES_MAPPING[mode]` -> `_assisted_decoding`), and hands it the prepared processors, stopping
-criteria, cache, streamer and assistant. We wrap two methods of `GenerationMixin`, once, idempotently:
+criteria, cache, streamer and assistant. We wrap three methods of `GenerationMixin`, once, idempotently:
 - `_assisted_decoding`: when the assistant is a `DynaSpecDrafter`, run `speculative_decode`; otherwise call
   transformers' own method unchanged.
 - `_validate_generation_mode`: a DynaSpec drafter with beam search (which transformers would silently ignore)
-  is refused.
+  is refused, and so are DynaSpec settings without a DynaSpec drafter.
+- `_prepare_generation_config`: DynaSpec settings passed as generate() keyword arguments land on the call's
+  generation config (plain or DynaSpec), where the decoding loop reads them.
 At install the wrapped methods' signatures are checked against what the wrappers call (`EXPECTED`): a
 transformers release that renamed or reordered them fails at `import hf_dynaspec` with an error naming the
 supported range, not in the middle of a generation.
@@ -27,6 +29,7 @@ import transformers
 from transformers.generation.utils import GenerationMixin, GenerationMode
 
 from ..modeling import DynaSpecDrafter
+from .config import SPEC_FIELDS, speculative_fields_of
 from .decoding import speculative_decode
 
 _MARK = "__hf_dynaspec_hook__"
@@ -37,6 +40,7 @@ EXPECTED = {
         ("assistant_model", "streamer", "synced_gpus"),
     ),
     "_validate_generation_mode": (("self", "generation_mode", "generation_config", "generation_mode_kwargs"), ()),
+    "_prepare_generation_config": (("self", "generation_config"), ()),
 }
 
 
@@ -103,16 +107,37 @@ def _wrap_validate_generation_mode(original):
                     f"{generation_mode.value}; set num_beams=1 or drop `assistant_model`."
                 )
             assistant.check_target(self)
+        elif fields := speculative_fields_of(generation_config):
+            raise ValueError(
+                f"DynaSpec settings {sorted(fields)} need a DynaSpec drafter: pass "
+                "`assistant_model=DynaSpecDrafter.from_pretrained(...)`, or drop them."
+            )
         return original(self, generation_mode, generation_config, generation_mode_kwargs)
 
     setattr(_validate_generation_mode, _MARK, original)
     return _validate_generation_mode
 
 
+def _wrap_prepare_generation_config(original):
+    @functools.wraps(original)
+    def _prepare_generation_config(self, generation_config, *args, **kwargs):
+        """DynaSpec keyword arguments of generate() (tree_policy=..., ...) become attributes of the call's
+        config (a copy) instead of unknown model kwargs, so they are honoured, or refused without a drafter."""
+        config, model_kwargs = original(self, generation_config, *args, **kwargs)
+        for name in SPEC_FIELDS:
+            if name in model_kwargs:
+                setattr(config, name, model_kwargs.pop(name))
+        return config, model_kwargs
+
+    setattr(_prepare_generation_config, _MARK, original)
+    return _prepare_generation_config
+
+
 _DECODING_KWARGS = ("assistant_model", "streamer", "synced_gpus", "inputs_tensor", "tokenizer", "assistant_tokenizer")
 _WRAPPERS = {
     "_assisted_decoding": _wrap_assisted_decoding,
     "_validate_generation_mode": _wrap_validate_generation_mode,
+    "_prepare_generation_config": _wrap_prepare_generation_config,
 }
 
 
