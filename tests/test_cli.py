@@ -114,3 +114,31 @@ def test_headline_table_compares_a_method_with_its_head_twins():
     assert lines[-1].startswith("| **overall** | 10.0 | 2.00x (2.00-2.00) | 1.60x (1.60-1.60) | 1.25x (1.25-1.25) | "
                                 "2.00 / 2.10 / 1.90 | 95.2% | 3 (75.0%) | 25% | 0 |")
     assert headline_table(summarize([r for r in records if r.method != "static"]), "dynaspec") == ""
+
+
+def test_every_flag_is_explained_and_version_is_printed(capsys):
+    from hf_dynaspec import __version__
+    from hf_dynaspec.cli import build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    missing = [
+        f"{name} {action.option_strings or action.dest}"
+        for name, command in commands.items()
+        for action in command._actions
+        if not isinstance(action, argparse._HelpAction) and not action.help
+    ]
+    assert missing == []
+    assert "examples:" in parser.format_help() and "quality" in commands
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--version"])
+    assert capsys.readouterr().out.strip() == f"hf-dynaspec {__version__}"
+
+
+def test_target_flags_set_device_and_dtype():
+    from hf_dynaspec.cli import build_parser, target_from_args
+
+    args = build_parser().parse_args(["init", "--target", "tiny", "--dtype", "bfloat16", "--device", "cpu",
+                                      "--out", "unused"])
+    target, _ = target_from_args(args)
+    assert target.dtype == torch.bfloat16 and target.device.type == "cpu"
