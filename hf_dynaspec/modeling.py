@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from torch import nn
-from transformers import AutoModel, PreTrainedModel
+from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput
 from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
@@ -295,27 +295,39 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         return head.transform(nn.functional.linear(features, head.weight))
 
     # ----------------------------------------------------------------- persistence
-    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, tokenizer: Any = None, **kwargs: Any
+    ) -> None:
+        """Weights (safetensors only), config.json and generation_config.json; with `tokenizer` (the target's),
+        its files too, so the folder also works where transformers loads an assistant by name
+        (`pipeline(..., assistant_model="<folder or Hub id>")` reads it with `AutoTokenizer`)."""
         kwargs.pop("safe_serialization", None)  # safetensors only: never pickle
         super().save_pretrained(save_directory, **kwargs)
+        # pipelines load a named assistant with the classes `config.architectures` names in transformers' own
+        # namespace: AutoModelForCausalLM (this drafter is registered with it) comes first
+        self.config.architectures = ["AutoModelForCausalLM", type(self).__name__]
+        self.config.save_pretrained(save_directory)
         self.generation_config.save_pretrained(save_directory)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(save_directory)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args: Any, **kwargs: Any):
         kwargs["use_safetensors"] = True
-        local = Path(pretrained_model_name_or_path)
+        local = Path(pretrained_model_name_or_path) / kwargs.get("subfolder", "")
         if local.is_dir() and not (local / "config.json").is_file() and "config" not in kwargs:
             raise OSError(
                 f"{local / 'config.json'} is missing: {local} is not a saved DynaSpec drafter "
                 "(make one with `drafter.save_pretrained(path)`)."
             )
-        hub_kwargs = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in kwargs}
+        # every file the drafter reads honours the same Hub options
+        hub_kwargs = {k: kwargs[k] for k in HUB_OPTIONS if k in kwargs}
         if "config" not in kwargs:
             _check_config_model_type(pretrained_model_name_or_path, hub_kwargs)
         try:
             model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         except SafetensorError as err:
-            files = sorted(Path(pretrained_model_name_or_path).glob("*.safetensors")) or ["*.safetensors"]
+            files = sorted(local.glob("*.safetensors")) or ["*.safetensors"]
             raise OSError(
                 f"Could not read the drafter weights {', '.join(str(f) for f in files)}: {err}. The file is "
                 "truncated or corrupt: download it again or re-save the drafter."
@@ -328,6 +340,9 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
             pass  # no generation_config.json: keep the defaults built in __init__
         model.clusters.validate()
         return model
+
+
+HUB_OPTIONS = ("subfolder", "revision", "cache_dir", "token", "local_files_only", "force_download", "proxies")
 
 
 def check_target_kind(target: PreTrainedModel) -> None:
@@ -361,3 +376,5 @@ def _check_config_model_type(name_or_path: str | os.PathLike, hub_kwargs: dict[s
 
 
 AutoModel.register(DynaSpecConfig, DynaSpecDrafter, exist_ok=True)
+# as transformers loads a named assistant (pipelines: config.architectures, then AutoModelForCausalLM)
+AutoModelForCausalLM.register(DynaSpecConfig, DynaSpecDrafter, exist_ok=True)

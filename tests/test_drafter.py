@@ -183,3 +183,41 @@ def test_init_layer_from_target(eos_target):
     drafter = tiny_drafter(eos_target).init_layer_from_target(eos_target)
     for name, value in eos_target.model.layers[-1].state_dict().items():
         assert torch.equal(drafter.layer.state_dict()[name], value)
+
+
+def hub_style_cache(tmp_path, drafter, repo_id="me/tiny-drafter", subfolder=None):
+    """A cache laid out as huggingface_hub lays it out (models--org--name/snapshots/<commit>, refs/main)."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    drafter.save_pretrained(snapshot / subfolder if subfolder else snapshot)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    return tmp_path / "hub"
+
+
+@pytest.mark.parametrize("subfolder", [None, "drafters/tiny"])
+def test_loading_through_an_offline_hub_cache(tmp_path, eos_target, eos_drafter, subfolder, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    eos_drafter.generation_config = DynaSpecGenerationConfig(tree_policy="dyspec", num_draft_nodes=7)
+    cache = hub_style_cache(tmp_path, eos_drafter, subfolder=subfolder)
+    extra = {"subfolder": subfolder} if subfolder else {}
+    loaded = DynaSpecDrafter.from_pretrained("me/tiny-drafter", cache_dir=cache, local_files_only=True, **extra)
+    assert loaded.generation_config.num_draft_nodes == 7  # generation_config.json read from the same place
+    loaded.eval().bind(eos_target)
+    a, b = draft_once(eos_drafter), draft_once(loaded)
+    assert torch.equal(a.head.logits, b.head.logits)
+    with pytest.raises(OSError):
+        DynaSpecDrafter.from_pretrained("me/tiny-drafter", cache_dir=cache, local_files_only=True,
+                                        subfolder="missing")
+
+
+def test_subfolder_of_a_local_folder(tmp_path, eos_drafter):
+    eos_drafter.save_pretrained(tmp_path / "repo" / "drafter")
+    loaded = DynaSpecDrafter.from_pretrained(tmp_path / "repo", subfolder="drafter")
+    assert torch.equal(loaded.cluster_permutation, eos_drafter.cluster_permutation)
+    config = json.loads((tmp_path / "repo" / "drafter" / "config.json").read_text())
+    assert config["architectures"][0] == "AutoModelForCausalLM"  # how pipelines find the class of a named assistant

@@ -58,3 +58,15 @@ def test_stop_strings_end_generation_where_plain_does():
     got = target.generate(ids, assistant_model=drafter, **kwargs)
     assert torch.equal(got, expected)
     assert got.shape[1] < plain.shape[1]
+
+
+def test_pipeline_loads_a_drafter_named_by_its_folder(tmp_path, tokenizer, models_):
+    """The string form: transformers loads the assistant with its auto classes and AutoTokenizer."""
+    target, drafter = models_
+    drafter.save_pretrained(tmp_path / "drafter", tokenizer=tokenizer)
+    plain = pipeline("text-generation", model=target, tokenizer=tokenizer)
+    assisted = pipeline("text-generation", model=target, tokenizer=tokenizer, assistant_model=str(tmp_path / "drafter"))
+    kwargs = dict(max_new_tokens=12, do_sample=False)
+    text = "w5 w17 w33 w90"
+    assert assisted(text, **kwargs)[0]["generated_text"] == plain(text, **kwargs)[0]["generated_text"]
+    assert type(assisted.assistant_model).__name__ == "DynaSpecDrafter"
