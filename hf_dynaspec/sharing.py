@@ -1,0 +1,152 @@
+"""A drafter folder ready to share on the Hub: weights and configs, the target's tokenizer, a model card built
+with huggingface_hub's `ModelCard` / `ModelCardData` (validated metadata), and a `custom_generate/` folder so
+users who never import hf_dynaspec can run `target.generate(..., custom_generate="<repo or folder>",
+trust_remote_code=True)`. The repo id is filled in by `publish_files(folder, repo_id)` right before the
+upload that gives the drafter one; until then the card and `custom_generate/` point at the local folder.
+
+    python -c "from hf_dynaspec.sharing import SHARED_PATTERNS; print(SHARED_PATTERNS)"
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import ModelCard, ModelCardData
+
+# what `hf-dynaspec push` uploads: the drafter's own files, never optimizer state or training checkpoints
+SHARED_PATTERNS = (
+    "config.json", "generation_config.json", "*.safetensors", "README.md", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "custom_generate/generate.py",
+    "custom_generate/requirements.txt",
+)
+REPO_PLACEHOLDER = "<drafter repo id>"
+
+GENERATE_PY = '''"""custom_generate for a DynaSpec drafter: `target.generate(**inputs, custom_generate=<this repo or folder>,
+trust_remote_code=True)` decodes with DynaSpec speculative decoding and this drafter, which is loaded once per
+process and device. Greedy output equals plain greedy; sampling keeps the target's distribution."""
+
+DRAFTER = {location!r}
+_LOADED = {{}}
+
+
+def generate(model, *args, assistant_model=None, **kwargs):
+    import hf_dynaspec  # noqa: F401  (installs the generate() hook)
+    from hf_dynaspec import DynaSpecDrafter
+
+    if assistant_model is None:
+        key = (DRAFTER, str(model.device))
+        if key not in _LOADED:
+            _LOADED[key] = DynaSpecDrafter.from_pretrained(DRAFTER).to(model.device).eval()
+        assistant_model = _LOADED[key]
+    return model.generate(*args, assistant_model=assistant_model, **kwargs)
+'''
+
+CARD = """---
+{{ card_data }}
+---
+
+# DynaSpec drafter for {{ base_model }}
+
+A DynaSpec drafter for lossless speculative decoding of `{{ base_model }}` with hf-dynaspec: one decoder layer
+over the target's hidden states, a router over {{ num_clusters }} vocabulary clusters and the cluster table.
+It borrows the target's embeddings and LM head, and scores only the tokens of the clusters its router picks.
+Greedy output is identical to plain greedy decoding; sampling keeps the target's distribution.
+
+Target weights it was trained and measured on: {{ target_weights }}.
+
+## Install
+
+hf-dynaspec is installed from its source (`pip install -e .` in a checkout; it is not on PyPI yet).
+`import hf_dynaspec` also registers the drafter with `AutoModel` / `AutoModelForCausalLM`.
+
+## Use
+
+```python
+import hf_dynaspec
+from hf_dynaspec import DynaSpecDrafter
+from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+target = AutoModelForCausalLM.from_pretrained("{{ base_model }}")
+tokenizer = AutoTokenizer.from_pretrained("{{ base_model }}")
+drafter = DynaSpecDrafter.from_pretrained("{{ repo_id }}")
+inputs = tokenizer("The capital of France is", return_tensors="pt")
+out = target.generate(**inputs, assistant_model=drafter, max_new_tokens=64)
+
+# or: pipeline("text-generation", model=target, tokenizer=tokenizer, assistant_model="{{ repo_id }}")
+# or, without importing hf_dynaspec in your code:
+# target.generate(**inputs, custom_generate="{{ repo_id }}", trust_remote_code=True)
+```
+
+Default decoding settings (`generation_config.json`; override per call with a `DynaSpecGenerationConfig`):
+{{ defaults }}.
+{% for title, text in sections %}
+## {{ title }}
+
+{{ text }}
+{% endfor %}"""
+
+
+def card_data(base_model: str, license: str, tags: list[str] | None = None) -> ModelCardData:
+    """Validated card metadata: the target as `base_model`, related as an adapter (the drafter runs with the
+    target's embeddings and head; it is not a fine-tune of it)."""
+    return ModelCardData(
+        base_model=base_model, base_model_relation="adapter", library_name="hf-dynaspec", license=license,
+        pipeline_tag="text-generation", tags=["speculative-decoding", "dynaspec", "draft-model", *(tags or [])],
+    )
+
+
+def build_card(drafter: Any, target_weights: str, license: str = "apache-2.0",
+               sections: list[tuple[str, str]] = (), repo_id: str | None = None) -> ModelCard:
+    """The model card of `drafter`; `sections` ((title, markdown), ...) follow the Use section."""
+    config = drafter.config
+    base_model = config.target_name_or_path or config.target_model_type
+    defaults = ", ".join(f"`{k}={v!r}`" for k, v in drafter.generation_config.speculative_fields().items())
+    return ModelCard.from_template(
+        card_data(base_model, license), template_str=CARD, base_model=base_model,
+        num_clusters=config.num_clusters, target_weights=target_weights, repo_id=repo_id or REPO_PLACEHOLDER,
+        defaults=defaults, sections=list(sections),
+    )
+
+
+def write_custom_generate(folder: Path, location: str) -> None:
+    """`custom_generate/generate.py` (loading the drafter from `location`) and its requirements."""
+    target = Path(folder) / "custom_generate"
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "generate.py").write_text(GENERATE_PY.format(location=location))
+    (target / "requirements.txt").write_text("hf-dynaspec\n")
+
+
+def save_for_sharing(drafter: Any, folder: str | Path, tokenizer: Any = None, target_weights: str = "",
+                     sections: list[tuple[str, str]] = (), license: str = "apache-2.0") -> Path:
+    """Everything a drafter repo holds, in `folder` (see the module docstring)."""
+    folder = Path(folder)
+    drafter.save_pretrained(folder, tokenizer=tokenizer)
+    card = build_card(drafter, target_weights or "not recorded", license, sections)
+    card.save(folder / "README.md")
+    write_custom_generate(folder, str(folder.resolve()))
+    return folder
+
+
+def publish_files(folder: str | Path, repo_id: str) -> list[str]:
+    """Fill `repo_id` into the card, write `custom_generate/` loading from it, and return the files to upload
+    (`SHARED_PATTERNS`)."""
+    folder = Path(folder)
+    card = folder / "README.md"
+    if card.is_file():
+        card.write_text(card.read_text().replace(REPO_PLACEHOLDER, repo_id))
+    write_custom_generate(folder, repo_id)
+    return shared_files(folder)
+
+
+def shared_files(folder: str | Path) -> list[str]:
+    """The files of `folder` (relative paths) that match `SHARED_PATTERNS`."""
+    folder = Path(folder)
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    return [f for f in files if any(matches(f, pattern) for pattern in SHARED_PATTERNS)]
+
+
+def matches(path: str, pattern: str) -> bool:
+    """fnmatch within one folder level: "*.safetensors" is a top-level file, never ckpt/step-9/x.safetensors."""
+    return path.count("/") == pattern.count("/") and fnmatch.fnmatch(path, pattern)
