@@ -36,6 +36,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from pathlib import Path
@@ -48,6 +49,7 @@ __all__ = [
     "ENV_VAR",
     "gathered_lm_head",
     "head_backend",
+    "kernel_for",
     "load_kernel_package",
     "merge_adjacent_ranges",
     "resolve_head_backend",
@@ -95,6 +97,41 @@ def load_kernel_package() -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+HUB_KERNEL_ENV = "HF_DYNASPEC_HUB_KERNEL"  # the published kernel's repo id (or a local kernel folder)
+HUB_KERNEL_VERSION = 1  # kernels/build.toml [general] version
+
+
+@functools.cache
+def load_hub_kernel(source: str) -> ModuleType | None:
+    """The kernel as the Kernel Hub's `kernels` package loads it: `get_kernel(repo_id, version=1)`, or
+    `get_local_kernel(folder)` for a local kernel repository. None (with a warning) when `kernels` is not
+    installed or loading fails: the in-repo package is then used."""
+    try:
+        import kernels as kernel_hub
+    except ImportError:
+        return None
+    try:
+        if Path(source).is_dir():
+            return kernel_hub.get_local_kernel(Path(source))
+        return kernel_hub.get_kernel(source, version=HUB_KERNEL_VERSION)
+    except Exception as err:  # noqa: BLE001 - any loader failure falls back to the in-repo kernel
+        warnings.warn(f"could not load the gathered-head kernel {source!r} from the Kernel Hub ({err}); "
+                      "using the in-repo kernel", stacklevel=2)
+        return None
+
+
+def kernel_for(device: torch.device) -> ModuleType:
+    """The gathered-head kernel package for tensors on `device`: the Kernel Hub's build when
+    `$HF_DYNASPEC_HUB_KERNEL` names one, `kernels` is installed and the device is a GPU; else the in-repo
+    package (CPU runs, tests under TRITON_INTERPRET=1)."""
+    source = os.environ.get(HUB_KERNEL_ENV, "").strip()
+    if source and device.type == "cuda":
+        hub = load_hub_kernel(source)
+        if hub is not None:
+            return hub
+    return load_kernel_package()
 
 
 # --------------------------------------------------------------------------- backend choice
@@ -232,7 +269,7 @@ def gathered_lm_head(
         hidden_states.device, backend, requires_grad=_needs_grad(hidden_states, weight)
     )
     if name == "triton":
-        return kernels.gathered_lm_head_triton(hidden_states, weight, token_ids)
+        return kernel_for(hidden_states.device).gathered_lm_head_triton(hidden_states, weight, token_ids)
     if name == "reference":
         return kernels.gathered_lm_head_reference(hidden_states, weight, token_ids)
     return _gathered_head_torch(hidden_states, weight, token_ids)

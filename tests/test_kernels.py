@@ -407,3 +407,40 @@ def test_triton_refuses_autograd_inputs(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setattr(kernels, "is_interpreter_mode", lambda: True)
     with pytest.raises(RuntimeError, match="no backward"):
         ops.resolve_head_backend(CPU, "triton", requires_grad=True)
+
+
+# ---------------------------------------------------------------------------------------------- Kernel Hub layout
+
+
+def test_the_kernel_folder_follows_the_kernel_hub_layout():
+    import json
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "kernels"
+    general = tomllib.loads((root / "build.toml").read_text())["general"]
+    assert re.fullmatch(r"[a-z][-a-z0-9]*[a-z0-9]", general["name"]) and general["version"] == ops.HUB_KERNEL_VERSION
+    for backend in general["backends"]:
+        variant = root / "build" / f"torch-{backend}"
+        metadata = json.loads((variant / "metadata.json").read_text())
+        assert metadata["name"] == general["name"] and metadata["version"] == general["version"]
+        assert metadata["backend"]["type"] == backend
+        assert (variant / general["name"].replace("-", "_") / "__init__.py").is_file()
+
+
+def test_the_kernels_package_loads_the_local_build_and_the_dispatcher_prefers_it_on_gpus(monkeypatch):
+    from pathlib import Path
+
+    pytest.importorskip("kernels")
+    folder = str(Path(__file__).resolve().parents[1] / "kernels")
+    ops.load_hub_kernel.cache_clear()
+    monkeypatch.setenv(ops.HUB_KERNEL_ENV, folder)
+    hub = ops.kernel_for(torch.device("cuda"))  # a GPU device asks for the Hub build (loaded here for CPU)
+    assert hub is not ops.load_kernel_package() and hub.__name__.startswith("_dynaspec_gathered_head")
+    h, w, ids = torch.randn(3, 40), torch.randn(500, 40), torch.arange(0, 500, 7)
+    torch.testing.assert_close(hub.gathered_lm_head_triton(h, w, ids), kernels.gathered_lm_head_reference(h, w, ids))
+    assert ops.kernel_for(torch.device("cpu")) is ops.load_kernel_package()  # CPU runs use the in-repo package
+    monkeypatch.setenv(ops.HUB_KERNEL_ENV, "")
+    assert ops.kernel_for(torch.device("cuda")) is ops.load_kernel_package()  # nothing named: in-repo
+    ops.load_hub_kernel.cache_clear()
