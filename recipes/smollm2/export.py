@@ -8,7 +8,8 @@ without its training checkpoint.
 
     python recipes/smollm2/export.py --ckpt runs/smollm2/ckpt2 --bench benchmarks/results/cpu-smollm2-full \
         --out drafters/smollm2-135m-instruct
-    python recipes/smollm2/export.py --card-only --bench benchmarks/results/cpu-smollm2-full
+    python recipes/smollm2/export.py --card-only --bench benchmarks/results/cpu-smollm2-full \
+        --quality benchmarks/results/cpu-smollm2-gsm8k-quality
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 from pathlib import Path
 
 import torch
-from summarize import summary_text  # recipes/smollm2/summarize.py, beside this script
+from summarize import quality_text, summary_text  # recipes/smollm2/summarize.py, beside this script
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.bench import machine_description
@@ -33,8 +34,8 @@ TARGET_WEIGHTS = (
 )
 
 
-def results_sections(bench: Path) -> list[tuple[str, str]]:
-    """(title, markdown) of the card's training and results sections."""
+def results_sections(bench: Path, quality: Path | None = None) -> list[tuple[str, str]]:
+    """(title, markdown) of the card's training and results sections (with the sampling-quality run, if any)."""
     measured, tables = bench / "results.json", bench / "results.md"
     meta = json.loads(measured.read_text())["meta"] if measured.is_file() else {}
     results = "Not measured yet."
@@ -42,6 +43,8 @@ def results_sections(bench: Path) -> list[tuple[str, str]]:
         whole = tables.read_text().replace("\n## ", "\n### ") if tables.is_file() else ""
         hardware = f"{meta.get('machine') or machine_description()}, fp32 target"
         results = f"{summary_text(bench)}\n\nThe whole run (`hf-dynaspec bench`):\n\n{whole}\nHardware: {hardware}."
+    if quality is not None and (quality / "results.json").is_file():
+        results += "\n\n" + quality_text(quality)
     return [("Training", (HERE / "training.md").read_text().strip()), ("Results", results)]
 
 
@@ -51,6 +54,7 @@ def main() -> None:
     parser.add_argument("--bench", type=Path, default=ROOT / "runs/smollm2/bench")
     parser.add_argument("--out", type=Path, default=ROOT / "drafters/smollm2-135m-instruct")
     parser.add_argument("--card-only", action="store_true", help="rebuild card and tokenizer of --out only")
+    parser.add_argument("--quality", type=Path, default=None, help="folder of a `hf-dynaspec quality` run")
     parser.add_argument("--generation-config", type=json.loads, default=None,
                         help='speculative defaults to ship, e.g. \'{"num_draft_nodes": 8, "draft_depth": 4}\'')
     args = parser.parse_args()
@@ -67,7 +71,7 @@ def main() -> None:
         (args.out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     else:
         drafter.to(torch.bfloat16).save_pretrained(args.out, tokenizer=tokenizer)
-    build_card(drafter, TARGET_WEIGHTS, "apache-2.0", results_sections(args.bench)).save(args.out / "README.md")
+    build_card(drafter, TARGET_WEIGHTS, "apache-2.0", results_sections(args.bench, args.quality)).save(args.out / "README.md")
     print(f"exported to {args.out}: {sorted(p.name for p in args.out.iterdir())}")
 
 

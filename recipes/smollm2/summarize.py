@@ -149,10 +149,33 @@ def summary_text(bench: Path) -> str:
     ])
 
 
+def quality_text(folder: Path) -> str:
+    """One paragraph from a `hf-dynaspec quality` run (results.json): sampled accuracy of both methods with
+    their intervals, the McNemar test, greedy text agreement."""
+    summary = json.loads((folder / "results.json").read_text())["summary"]
+    plain, dyn = summary["methods"]["plain-sample"], summary["methods"]["dynaspec-sample"]
+    paired = summary["mcnemar_dynaspec_vs_plain_sampling"]
+    lo, hi = paired["difference_ci"]
+    verdict = "not significant" if paired["p_value"] > 0.05 else "significant"
+    return (
+        f"Sampling quality (GSM8K test, first {summary['questions']} questions, temperature 0.7, top-p 0.9, "
+        f"`{folder.as_posix()}/`): final-answer exact match {dyn['accuracy']:.1%} with DynaSpec sampling vs "
+        f"{plain['accuracy']:.1%} with plain sampling (95% intervals {dyn['accuracy_ci'][0]:.1%}-"
+        f"{dyn['accuracy_ci'][1]:.1%} and {plain['accuracy_ci'][0]:.1%}-{plain['accuracy_ci'][1]:.1%}); paired "
+        f"difference {paired['difference']:+.1%} ({lo:+.1%} to {hi:+.1%}), McNemar p = {paired['p_value']:.2f} "
+        f"({verdict}); mean answer length {dyn['mean_length']:.0f} vs {plain['mean_length']:.0f} tokens. Greedy "
+        f"DynaSpec texts equal plain greedy texts on {summary['greedy_text_exact_match']:.0%} of the questions."
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bench", type=Path, required=True, help="folder of a bench run (results.json)")
-    print(summary_text(parser.parse_args().bench))
+    parser.add_argument("--quality", type=Path, default=None, help="folder of a `hf-dynaspec quality` run")
+    args = parser.parse_args()
+    print(summary_text(args.bench))
+    if args.quality is not None:
+        print("\n" + quality_text(args.quality))
 
 
 if __name__ == "__main__":
