@@ -26,11 +26,14 @@ import torch
 from huggingface_hub import HfApi
 
 from . import __version__, bench, quality, sharing
+from .configuration import ARCHITECTURES, eagle3_layer_ids
 from .cpu import is_prepared_for_cpu, prepare_for_cpu
 from .generation.config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecGenerationConfig
 from .modeling import DynaSpecDrafter
 from .targets import encode_prompt, load_target
-from .training import frequent_tokens, generate_dataset, load_prompts, train_drafter
+from .training import frequent_tokens, load_prompts, train_drafter
+from .training.corpus import write_answers
+from .training.features import write_features
 
 SHIPPED_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-instruct"
 DEMO_PROMPTS = (
@@ -74,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--k1", type=int, default=None, help="clusters at the deepest draft position")
     init.add_argument("--seed", type=int, default=0, help="seed of the clustering and the fresh weights")
     init.add_argument("--copy-last-layer", action="store_true", help="start from the target's last layer")
+    init.add_argument("--architecture", choices=ARCHITECTURES, default="eagle3",
+                      help="eagle3: fused low/middle/high target layers (vLLM / SGLang's EAGLE-3); eagle1: the "
+                           "final hidden state")
+    init.add_argument("--layers", type=int, nargs="+", default=None,
+                      help="EAGLE-3: target hidden states read (indices into output_hidden_states); default low, "
+                           "middle, high as EAGLE-3 picks them")
     init.set_defaults(func=cmd_init)
 
     gen = sub.add_parser("generate", help="generate with plain greedy and with DynaSpec, compare")
@@ -137,14 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
     static.add_argument("--size", type=int, required=True, help="number of tokens to keep")
     static.set_defaults(func=cmd_static)
 
-    distill = sub.add_parser("distill", help="answer prompts with the target and keep its features (training data)")
+    distill = sub.add_parser("distill", help="answer prompts with the target: token ids (OUT/corpus), then its features")
     _add_target(distill)
     distill.add_argument("--prompts", action="append", required=True, help="JSON/JSONL file; may be repeated")
     distill.add_argument("--out", required=True, help="dataset folder (rerunning skips prompts already done)")
+    distill.add_argument("--layers", type=int, nargs="+", default=None,
+                         help="target hidden states to keep (indices into output_hidden_states); default: the "
+                              "EAGLE-3 layers of this target; -1 alone for an EAGLE-1 drafter")
     distill.add_argument("--max-new-tokens", type=int, default=256, help="answer length cap")
     distill.add_argument("--batch-size", type=int, default=16, help="prompts answered together")
     distill.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
-    distill.add_argument("--no-chat-template", action="store_true", help="encode prompts as plain text")
     distill.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     distill.set_defaults(func=cmd_distill)
 
@@ -236,7 +247,9 @@ def verify_costs_arg(text: str) -> str | list[float]:
 
 def cmd_init(args: argparse.Namespace) -> int:
     target, tokenizer = target_from_args(args)
-    kwargs = {k: v for k, v in (("shortlist_k0", args.k0), ("shortlist_k1", args.k1)) if v is not None}
+    kwargs = {k: v for k, v in (("shortlist_k0", args.k0), ("shortlist_k1", args.k1),
+                                ("target_layer_ids", args.layers)) if v is not None}
+    kwargs["drafter_architecture"] = args.architecture
     start = time.perf_counter()
     drafter = DynaSpecDrafter.from_target(target, num_clusters=args.num_clusters, seed=args.seed, **kwargs)
     if args.copy_last_layer:
@@ -352,10 +365,14 @@ def cmd_distill(args: argparse.Namespace) -> int:
     if not prompts:
         raise ValueError(f"no prompts found in {', '.join(args.prompts)}")
     target, tokenizer = target_from_args(args)
-    index = generate_dataset(target, tokenizer, prompts, args.out, args.max_new_tokens, args.batch_size,
-                             chat_template=not args.no_chat_template)
+    corpus = Path(args.out) / "corpus"
+    index = write_answers(target, tokenizer, [{"prompt": p} for p in prompts], corpus, args.max_new_tokens,
+                          args.batch_size)
+    layers = args.layers or eagle3_layer_ids(target.config.get_text_config().num_hidden_layers)
+    write_features(target, corpus, args.out, layers)
     tokens = sum(shard["num_tokens"] for shard in index["shards"])
-    print(f"{args.out}: {len(index['done'])} conversations, {tokens} tokens in {len(index['shards'])} shards")
+    print(f"{args.out}: {len(index['done'])} conversations, {tokens} tokens (ids in {corpus}), target features "
+          f"of hidden states {layers}")
     return 0
 
 

@@ -29,7 +29,16 @@ _DROPPED_TARGET_KEYS = (
     "model_type",
 )
 SCHEDULES = ("linear", "exponential")
+ARCHITECTURES = ("eagle1", "eagle3")
 LAYER_FAMILY = "llama"  # the drafter layer of every new drafter, whatever the target's family (as vLLM / SGLang)
+
+
+def eagle3_layer_ids(num_layers: int) -> list[int]:
+    """The target layers an EAGLE-3 drafter reads, as indices into the target's `output_hidden_states` tuple
+    (0: embeddings, i: the output of decoder layer i - 1, num_layers: the final normed state): low, middle and
+    high, (2, L // 2, L - 3) as vLLM's `get_eagle3_aux_hidden_state_layers` chooses them (clamped to [1, L]
+    for very shallow targets)."""
+    return [min(max(i, 1), num_layers) for i in (2, num_layers // 2, num_layers - 3)]
 
 
 def default_shortlist_budget(num_clusters: int) -> tuple[int, int]:
@@ -51,6 +60,13 @@ class DynaSpecConfig(PretrainedConfig):
             Default: `target_model_type`, so older checkpoints load as they were saved.
         num_clusters (`int`): number of vocabulary clusters M (spherical k-means over LM-head rows).
         router_hidden_size (`int`): width of the router MLP's hidden layer.
+        drafter_architecture (`str`, *optional*): "eagle3" (what new drafters use: the drafter reads a fusion of
+            several target layers, `fc` maps them to d, and its decoder layer attends over [norm(embedding);
+            hidden_norm(feature)], 2d wide, as vLLM / SGLang define EAGLE-3) or "eagle1" (`fc` over [embedding;
+            final hidden state], then a standard decoder layer). Default "eagle1", so checkpoints saved before
+            this field load as they were trained.
+        target_layer_ids (`list[int]`, *optional*): the target hidden states an "eagle3" drafter reads, indices into
+            the target's `output_hidden_states` tuple; default `eagle3_layer_ids(num_hidden_layers)`.
         shortlist_k0 (`int`, *optional*): clusters kept at the first draft position (depth 0); default
             `default_shortlist_budget(num_clusters)`.
         shortlist_k1 (`int`, *optional*): clusters kept at the deepest draft position; default as for k0.
@@ -79,6 +95,8 @@ class DynaSpecConfig(PretrainedConfig):
         static_shortlist_size: int = 0,
         target_name_or_path: str | None = None,
         layer_family: str | None = None,
+        drafter_architecture: str = "eagle1",
+        target_layer_ids: list[int] | None = None,
         bos_token_id: int | None = None,
         eos_token_id: int | list[int] | None = None,
         pad_token_id: int | None = None,
@@ -98,6 +116,11 @@ class DynaSpecConfig(PretrainedConfig):
         self.static_shortlist_size = static_shortlist_size
         self.target_name_or_path = target_name_or_path
         self.layer_family = layer_family or target_model_type
+        self.drafter_architecture = drafter_architecture
+        num_layers = int(self.target_config.get("num_hidden_layers") or 1)
+        if drafter_architecture == "eagle3" and target_layer_ids is None:
+            target_layer_ids = eagle3_layer_ids(num_layers)
+        self.target_layer_ids = [int(i) for i in target_layer_ids or []]
         # the target's special tokens: transformers compares them to decide whether tokenizers are shared
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
@@ -128,6 +151,7 @@ class DynaSpecConfig(PretrainedConfig):
                 raise ValueError(
                     f"DynaSpecConfig.{name} ({getattr(self, name)}) cannot exceed num_clusters ({self.num_clusters})."
                 )
+        self._validate_architecture()
         if self.shortlist_schedule not in SCHEDULES:
             raise ValueError(f"shortlist_schedule must be one of {SCHEDULES}, got {self.shortlist_schedule!r}.")
         bad = [i for i in self.always_include_ids if not 0 <= int(i) < self.vocab_size]
@@ -135,6 +159,32 @@ class DynaSpecConfig(PretrainedConfig):
             raise ValueError(f"always_include_ids {bad} are outside the vocabulary [0, {self.vocab_size}).")
         if not 0 <= self.static_shortlist_size <= self.vocab_size:
             raise ValueError(f"static_shortlist_size must be in [0, vocab_size], got {self.static_shortlist_size}.")
+
+    def _validate_architecture(self) -> None:
+        if self.drafter_architecture not in ARCHITECTURES:
+            raise ValueError(
+                f"drafter_architecture must be one of {ARCHITECTURES}, got {self.drafter_architecture!r}."
+            )
+        if self.drafter_architecture == "eagle1" and self.target_layer_ids:
+            raise ValueError(
+                "target_layer_ids is for drafter_architecture='eagle3' (an EAGLE-1 drafter reads the target's "
+                "final hidden state): drop it or set drafter_architecture='eagle3'."
+            )
+        if self.drafter_architecture == "eagle3" and self.layer_family != LAYER_FAMILY:
+            raise ValueError(f"An EAGLE-3 drafter's layer is a Llama layer: layer_family must be {LAYER_FAMILY!r}.")
+        num_layers = self.target_config.get("num_hidden_layers")
+        bad = [i for i in self.target_layer_ids if not 0 <= i <= (num_layers if num_layers else i)]
+        if bad or (self.drafter_architecture == "eagle3" and not self.target_layer_ids):
+            raise ValueError(
+                f"target_layer_ids {self.target_layer_ids} must be a non-empty list of indices into the target's "
+                f"hidden states, 0..{num_layers} (0: embeddings, i: output of layer i - 1)."
+            )
+
+    @property
+    def feature_layer_ids(self) -> list[int]:
+        """Indices of the target's `output_hidden_states` the drafter reads, concatenated in this order: the
+        EAGLE-3 layers, or [-1] (the final normed state) for an EAGLE-1 drafter."""
+        return list(self.target_layer_ids) if self.drafter_architecture == "eagle3" else [-1]
 
     def clusters_at_depth(self, depth: int, max_depth: int, k0: int | None = None, k1: int | None = None) -> int:
         """Cluster budget k_c(t) for draft position `depth` (0-based) of `max_depth` positions.
@@ -189,6 +239,7 @@ class DynaSpecConfig(PretrainedConfig):
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             kwargs.setdefault(name, getattr(text_config, name, None))
         kwargs.setdefault("layer_family", LAYER_FAMILY)
+        kwargs.setdefault("drafter_architecture", "eagle3")
         return cls(
             vocab_size=text_config.vocab_size,
             hidden_size=text_config.hidden_size,

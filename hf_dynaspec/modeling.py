@@ -1,7 +1,12 @@
 """DynaSpecDrafter: an EAGLE-style drafter whose LM head only scores a context-dependent shortlist.
 
-One decoder layer of the target's family runs over `x = fc([embed(token); target_hidden_state])`; its output
-(after a norm) plays the role of the target's next hidden state. The drafter borrows the target's input
+Two architectures (`DynaSpecConfig.drafter_architecture`):
+- "eagle3" (new drafters): the target's low, middle and high layers, concatenated, go through `fc` (3d -> d);
+  one EAGLE-3 decoder layer (`eagle3.py`) attends over [norm(embed(token)); hidden_norm(feature)] and its
+  pre-norm output is the feature the next draft step reads; `norm` of it feeds the head.
+- "eagle1" (checkpoints saved before): one decoder layer runs over `x = fc([embed(token); target_hidden_state])`;
+  its output, after a norm, estimates the target's next final hidden state and is also what the next step reads.
+The router reads what the layer reads (the 2d attention input, or x) and runs beside it. The drafter borrows the target's input
 embeddings and LM head at run time (`drafter.bind(target)`) and never stores them: its checkpoint holds
 `fc`, the layer, the norm, the router and the vocabulary cluster table (safetensors only).
 
@@ -29,7 +34,9 @@ from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
 from .clustering import VocabClusters, cluster_vocabulary
 from .configuration import DynaSpecConfig
+from .eagle3 import Eagle3DecoderLayer
 from .generation.config import DynaSpecGenerationConfig, default_drafter_generation_config
+from .generation.verify import select_hidden_states
 from .head import HeadOutput, LogitTransform, ShortlistHead
 from .masks import attention_kinds, causal_mask
 from .router import ClusterRouter, Timer, run_router_beside
@@ -39,12 +46,14 @@ from .router import ClusterRouter, Timer, run_router_beside
 class DrafterOutput(ModelOutput):
     """One drafting call over T positions.
 
-    hidden_states: (B, T, d) the drafter's features (its estimate of the target's next hidden states);
-    router_logits: (B, T, M); head: shortlisted logits of the T positions (only when B == 1 and a head mode
+    hidden_states: (B, T, d) the drafter's features after its final norm (what the head reads);
+    next_hidden_states: (B, T, d) what the next draft step reads as `hidden_states` (EAGLE-3: the pre-norm
+    output; EAGLE-1: the same as hidden_states); router_logits: (B, T, M); head: shortlisted logits of the T positions (only when B == 1 and a head mode
     is asked for); vocab_logits: (T, V) scatter of `head` with -inf outside the shortlist, only when asked.
     """
 
     hidden_states: torch.Tensor | None = None
+    next_hidden_states: torch.Tensor | None = None
     router_logits: torch.Tensor | None = None
     head: HeadOutput | None = None
     vocab_logits: torch.Tensor | None = None
@@ -91,11 +100,17 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         layer_cls, norm_cls, rotary_cls = family_modules(config.layer_family)
         d = config.hidden_size
         eps = getattr(layer_config, "rms_norm_eps", 1e-6)
-        self.fc = nn.Linear(2 * d, d, bias=False)
-        self.layer = layer_cls(layer_config, layer_idx=0)
+        self.is_eagle3 = config.drafter_architecture == "eagle3"
+        if self.is_eagle3:
+            self.fc = nn.Linear(len(config.target_layer_ids) * d, d, bias=False)  # fused target layers -> d
+            self.layer = Eagle3DecoderLayer(layer_config, layer_idx=0)
+        else:
+            self.fc = nn.Linear(2 * d, d, bias=False)  # [embedding; hidden state] -> d
+            self.layer = layer_cls(layer_config, layer_idx=0)
         self.norm = norm_cls(d, eps=eps)
         self.rotary_emb = rotary_cls(config=layer_config)
-        self.router = ClusterRouter(d, config.router_hidden_size, config.num_clusters)
+        router_width = 2 * d if self.is_eagle3 else d
+        self.router = ClusterRouter(router_width, config.router_hidden_size, config.num_clusters)
         self.register_buffer("cluster_permutation", torch.arange(config.vocab_size), persistent=True)
         # placeholder table (M contiguous id ranges) until `set_clusters`; built without reading tensor
         # values, as from_pretrained constructs the model on the meta device
@@ -146,12 +161,34 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         layers = getattr(getattr(target, "model", None), "layers", None)
         if layers is None:
             raise ValueError(f"{type(target).__name__} has no `model.layers` to copy a decoder layer from.")
+        if self.is_eagle3:
+            return self._init_eagle3_layer(layers[layer_index])
         try:
             self.layer.load_state_dict(layers[layer_index].state_dict())
         except RuntimeError as err:
             raise ValueError(
                 f"The drafter's {type(self.layer).__name__} cannot start from a {type(layers[layer_index]).__name__} "
                 f"(different parameters): skip init_layer_from_target (--copy-last-layer) for this target.\n{err}"
+            ) from err
+        return self
+
+    def _init_eagle3_layer(self, source: nn.Module) -> DynaSpecDrafter:
+        """The EAGLE-3 layer starts as `source` applied to the feature: its q/k/v read the hidden_norm half of the
+        2d input with the source's weights (the embedding half starts at zero), the rest copied as it is."""
+        layer = self.layer
+        try:
+            for name in ("q_proj", "k_proj", "v_proj"):
+                weight = getattr(layer.self_attn, name).weight  # (out, 2d)
+                weight.zero_()
+                weight[:, weight.shape[1] // 2 :] = getattr(source.self_attn, name).weight
+            layer.self_attn.o_proj.load_state_dict(source.self_attn.o_proj.state_dict())
+            layer.mlp.load_state_dict(source.mlp.state_dict())
+            layer.hidden_norm.load_state_dict(source.input_layernorm.state_dict())
+            layer.post_attention_layernorm.load_state_dict(source.post_attention_layernorm.state_dict())
+        except (AttributeError, RuntimeError) as err:
+            raise ValueError(
+                f"The EAGLE-3 layer cannot start from a {type(source).__name__} (other parameters): skip "
+                f"init_layer_from_target (--copy-last-layer) for this target.\n{err}"
             ) from err
         return self
 
@@ -235,6 +272,23 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         return self._binding
 
     # ----------------------------------------------------------------- forward
+    def target_features(self, hidden_states: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> torch.Tensor:
+        """What the drafter reads from a target forward with `output_hidden_states=True`: the layers of
+        `config.feature_layer_ids` concatenated, (B, T, k * d)."""
+        return select_hidden_states(tuple(hidden_states), self.config.feature_layer_ids)
+
+    def project(self, target_features: torch.Tensor) -> torch.Tensor:
+        """The first draft step's `hidden_states` from `target_features` (..., k * d): EAGLE-3 fuses the layers
+        with `fc` (-> (..., d)); EAGLE-1 reads the final hidden state as it is."""
+        width = len(self.config.feature_layer_ids) * self.config.hidden_size
+        if target_features.shape[-1] != width:
+            raise ValueError(
+                f"Expected target features {width} wide ({len(self.config.feature_layer_ids)} layers x "
+                f"{self.config.hidden_size}), got {target_features.shape[-1]}: pass `drafter.target_features(...)`."
+            )
+        features = target_features.to(self.fc.weight.dtype)
+        return self.fc(features) if self.is_eagle3 else features
+
     def forward(
         self,
         input_ids: torch.LongTensor,
@@ -249,11 +303,12 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
     ) -> DrafterOutput:
         """One drafting call.
 
-        input_ids: (B, T) the token at each position; hidden_states: (B, T, d) the target's (or the drafter's
-        own, deeper in the tree) hidden state of the previous position; attention_mask: 4D float
-        (B, 1, T, cache_len + T) with 0 where attention is allowed, or None for causal attention; cache: a
-        `DynamicCache` for the drafter layer. `head_mode=None` skips the head (training computes its own).
-        `timer` (e.g. `SpeculativeStats.timer`) times the router where it does not overlap the layer.
+        input_ids: (B, T) the token at each position; hidden_states: (B, T, d) the feature of the previous
+        position: `project(target_features)` where the target's are known, else the drafter's own
+        `next_hidden_states` (deeper in the tree); attention_mask: 4D float (B, 1, T, cache_len + T) with 0 where
+        attention is allowed, or None for causal attention; cache: a `DynamicCache` for the drafter layer.
+        `head_mode=None` skips the head (training computes its own). `timer` (e.g. `SpeculativeStats.timer`)
+        times the router where it does not overlap the layer.
         """
         binding = self._require_binding()
         batch, length = input_ids.shape
@@ -263,22 +318,30 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         if attention_mask is None:
             attention_mask = causal_mask(length, past, hidden_states.dtype, hidden_states.device)
         embeds = binding.embed_tokens(input_ids).to(hidden_states.dtype)  # (B, T, d)
-        fused = self.fc(torch.cat([embeds, hidden_states], dim=-1))  # (B, T, d)
-        position_embeddings = self.rotary_emb(fused, position_ids)
+        if self.is_eagle3:
+            layer_input = self.layer.attention_input(embeds, hidden_states)  # (B, T, 2d)
+            layer_args = (layer_input, hidden_states)
+        else:
+            layer_input = self.fc(torch.cat([embeds, hidden_states], dim=-1))  # (B, T, d)
+            layer_args = (layer_input,)
         router_logits, layer_out = run_router_beside(
             self.router,
-            fused,
+            layer_input,
             self.layer,
-            fused,
+            *layer_args,
             attention_mask=attention_mask,
             position_ids=position_ids,
             cache=cache,
             use_cache=cache is not None,
-            position_embeddings=position_embeddings,
+            position_embeddings=self.rotary_emb(layer_input, position_ids),
             timer=timer,
         )
         features = self.norm(layer_out)  # (B, T, d)
-        output = DrafterOutput(hidden_states=features, router_logits=router_logits)
+        output = DrafterOutput(
+            hidden_states=features,
+            next_hidden_states=layer_out if self.is_eagle3 else features,
+            router_logits=router_logits,
+        )
         if head_mode is not None:
             if batch != 1:
                 raise ValueError("The shortlisted head runs on one sequence (batch 1) of draft positions.")

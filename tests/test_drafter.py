@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoModel
 
 from hf_dynaspec import DynaSpecConfig, DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.masks import causal_mask
+from hf_dynaspec.masks import causal_mask
 
 
 @pytest.fixture(scope="module")
@@ -179,10 +180,28 @@ def test_set_static_shortlist_round_trip(tmp_path, eos_target):
         drafter.set_static_shortlist(torch.tensor([999]))
 
 
-def test_init_layer_from_target(eos_target):
-    drafter = tiny_drafter(eos_target).init_layer_from_target(eos_target)
+def test_init_layer_from_target_eagle1(eos_target):
+    drafter = tiny_drafter(eos_target, drafter_architecture="eagle1").init_layer_from_target(eos_target)
     for name, value in eos_target.model.layers[-1].state_dict().items():
         assert torch.equal(drafter.layer.state_dict()[name], value)
+
+
+def test_init_eagle3_layer_from_target_computes_the_target_layer(eos_target):
+    """Started from the target's last layer, the EAGLE-3 layer applied to (embedding, h) is that layer applied to
+    h, whatever the embedding (its half of q/k/v starts at zero)."""
+    drafter = tiny_drafter(eos_target).init_layer_from_target(eos_target)
+    source = eos_target.model.layers[-1]
+    torch.manual_seed(0)
+    d = eos_target.config.hidden_size
+    hidden, embeds = torch.randn(1, 5, d), torch.randn(1, 5, d)
+    positions = torch.arange(5)[None]
+    rotary = drafter.rotary_emb(hidden, positions)
+    with torch.no_grad():
+        mine = drafter.layer(drafter.layer.attention_input(embeds, hidden), hidden, position_ids=positions,
+                             position_embeddings=rotary, attention_mask=causal_mask(5, 0, hidden.dtype, hidden.device))
+        theirs = source(hidden, position_ids=positions, position_embeddings=rotary,
+                        attention_mask=causal_mask(5, 0, hidden.dtype, hidden.device))
+    torch.testing.assert_close(mine, theirs)
 
 
 def hub_style_cache(tmp_path, drafter, repo_id="me/tiny-drafter", subfolder=None):
@@ -221,3 +240,23 @@ def test_subfolder_of_a_local_folder(tmp_path, eos_drafter):
     assert torch.equal(loaded.cluster_permutation, eos_drafter.cluster_permutation)
     config = json.loads((tmp_path / "repo" / "drafter" / "config.json").read_text())
     assert config["architectures"][0] == "AutoModelForCausalLM"  # how pipelines find the class of a named assistant
+
+
+def test_architecture_settings_are_validated(eos_target):
+    config = eos_target.config
+    with pytest.raises(ValueError, match="drafter_architecture must be one of"):
+        DynaSpecConfig.from_target_config(config, num_clusters=8, drafter_architecture="eagle2")
+    with pytest.raises(ValueError, match="target_layer_ids is for drafter_architecture='eagle3'"):
+        DynaSpecConfig.from_target_config(config, num_clusters=8, drafter_architecture="eagle1", target_layer_ids=[1])
+    with pytest.raises(ValueError, match=r"target_layer_ids \[7\]"):
+        DynaSpecConfig.from_target_config(config, num_clusters=8, target_layer_ids=[7])
+    fused = DynaSpecConfig.from_target_config(config, num_clusters=8, target_layer_ids=[0, 2])
+    assert fused.feature_layer_ids == [0, 2] and DynaSpecDrafter(fused).fc.in_features == 2 * config.hidden_size
+
+
+def test_project_refuses_features_of_the_wrong_width(eos_target):
+    drafter = tiny_drafter(eos_target)
+    with pytest.raises(ValueError, match="pass `drafter.target_features"):
+        drafter.project(torch.zeros(1, 2, eos_target.config.hidden_size))
+    with pytest.raises(ValueError, match="output_hidden_states=True"):
+        drafter.target_features((torch.zeros(1, 2, eos_target.config.hidden_size),))

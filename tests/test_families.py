@@ -68,7 +68,7 @@ def family_target(family: str, vocab_size: int = 96, **overrides) -> torch.nn.Mo
 def test_greedy_equals_plain_greedy_past_the_window(family):
     target = family_target(family)
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8).eval()
-    assert type(drafter.layer).__name__ == "LlamaDecoderLayer"  # one family-neutral drafter layer
+    assert type(drafter.layer).__name__ == "Eagle3DecoderLayer"  # one family-neutral drafter layer
     ids = prompt(12, vocab_size=96)
     for policy in ("eagle2", "dyspec"):
         config = DynaSpecGenerationConfig(tree_policy=policy, num_draft_nodes=10, draft_depth=4, lookup_num_tokens=4,
@@ -137,10 +137,13 @@ def test_attention_a_tree_cannot_mask_is_refused():
 def test_checkpoints_saved_before_layer_family_keep_their_own_layer():
     target = tiny_target()
     saved = DynaSpecConfig.from_target_config(target.config, num_clusters=8).to_dict()
-    saved.pop("layer_family")  # as written before the field existed
+    saved.pop("layer_family")  # as written before the field existed (and before drafter_architecture)
+    saved.pop("drafter_architecture")
+    saved.pop("target_layer_ids")
     legacy = DynaSpecConfig.from_dict(saved)
     assert legacy.layer_family == "llama" == legacy.target_model_type
     mistral = DynaSpecConfig.from_target_config(family_target("mistral").config, num_clusters=8).to_dict()
-    mistral.pop("layer_family")
+    for key in ("layer_family", "drafter_architecture", "target_layer_ids"):
+        mistral.pop(key)
     drafter = DynaSpecDrafter(DynaSpecConfig.from_dict(mistral))
     assert type(drafter.layer).__name__ == "MistralDecoderLayer"  # as such a checkpoint was trained

@@ -32,7 +32,8 @@ SAMPLES = 1200
 )
 def test_sampling_matches_target_distribution(temperature, top_p, lookup, prompt):
     target = tiny_target(vocab_size=VOCAB, seed=21)
-    drafter = tiny_drafter(target, num_clusters=4)
+    # the lookup case's sample count was sized for the acceptance of this (EAGLE-1) random drafter
+    drafter = tiny_drafter(target, num_clusters=4, drafter_architecture="eagle1" if lookup else "eagle3")
     processors = LogitsProcessorList()
     if temperature != 1.0:
         processors.append(TemperatureLogitsWarper(temperature))

@@ -11,8 +11,11 @@ import pytest
 import torch
 
 from hf_dynaspec import DynaSpecDrafter
+from hf_dynaspec.configuration import eagle3_layer_ids
 from hf_dynaspec.targets import load_target
 from hf_dynaspec.training import generate_dataset, load_dataset, load_prompts, train_drafter
+from hf_dynaspec.training.corpus import load_corpus, write_answers
+from hf_dynaspec.training.features import write_features
 from hf_dynaspec.training.trainer import load_checkpoint
 
 PROMPTS = ["hello there", "hi", "what is two plus two?", "write a haiku"]
@@ -31,6 +34,55 @@ def dataset(tiny, tmp_path_factory):
     generate_dataset(target, tokenizer, PROMPTS, out, max_new_tokens=12, batch_size=2, prompts_per_shard=2,
                      progress=False)
     return out
+
+
+@pytest.fixture(scope="module")
+def eagle3_dataset(tiny, tmp_path_factory):
+    """The EAGLE-3 path: token ids (corpus.py), then the target's features in batched passes (features.py)."""
+    target, tokenizer = tiny
+    corpus, out = tmp_path_factory.mktemp("corpus"), tmp_path_factory.mktemp("features")
+    write_answers(target, tokenizer, [{"prompt": p} for p in PROMPTS], corpus, 12, 2, per_shard=3, progress=False)
+    write_features(target, corpus, out, eagle3_layer_ids(target.config.num_hidden_layers), max_tokens=40,
+                   per_shard=3, progress=False)
+    return out
+
+
+@pytest.fixture(params=["eagle1", "eagle3"])
+def arch_data(request):
+    """(drafter architecture, a dataset folder holding the features it reads)."""
+    name = "dataset" if request.param == "eagle1" else "eagle3_dataset"
+    return request.param, request.getfixturevalue(name)
+
+
+def test_features_equal_a_forward_of_each_conversation_alone(tiny, eagle3_dataset):
+    """Batched, right-padded feature passes give each conversation's own hidden states (fp16 rounding only);
+    the final ones reproduce the greedy answer through the LM head."""
+    target, _ = tiny
+    layers = eagle3_layer_ids(target.config.num_hidden_layers)
+    convs = load_dataset(eagle3_dataset)
+    assert len(convs) == len(PROMPTS) and all(c.layer_ids == tuple(layers) for c in convs)
+    for conv in convs:
+        with torch.no_grad():
+            out = target(conv.input_ids[None, :-1], output_hidden_states=True)
+        alone = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)
+        torch.testing.assert_close(conv.aux.float(), alone, rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(conv.hidden.float(), out.hidden_states[-1][0], rtol=2e-3, atol=2e-3)
+        answer = conv.loss_mask.nonzero()[0, 0]
+        assert torch.equal(out.logits[0, answer - 1 :].argmax(-1), conv.input_ids[answer:])
+
+
+def test_corpus_resumes_and_features_resume(tiny, tmp_path):
+    target, tokenizer = tiny
+    records = [{"prompt": p, "source": "s"} for p in PROMPTS]
+    first = write_answers(target, tokenizer, records[:2], tmp_path / "c", 6, 2, per_shard=1, progress=False)
+    again = write_answers(target, tokenizer, records, tmp_path / "c", 6, 2, per_shard=1, progress=False)
+    assert len(first["shards"]) == 2 and len(again["shards"]) == 4 and len(load_corpus(tmp_path / "c")) == 4
+    assert again["shards"][0]["tokens_per_source"]["s"] == again["shards"][0]["num_tokens"]
+    index = write_features(target, tmp_path / "c", tmp_path / "f", [1], per_shard=2, progress=False)
+    assert len(index["shards"]) == 2
+    assert len(write_features(target, tmp_path / "c", tmp_path / "f", [1], progress=False)["shards"]) == 2
+    with pytest.raises(ValueError, match="layers"):
+        write_features(target, tmp_path / "c", tmp_path / "f", [2], progress=False)
 
 
 def test_dataset_layout_and_features(tiny, dataset):
@@ -72,10 +124,11 @@ def test_load_prompts_fields_and_spec_bench_refused(tmp_path):
         load_prompts(bad / "question.jsonl")
 
 
-def test_training_loss_decreases_and_resumes(tiny, dataset, tmp_path):
+def test_training_loss_decreases_and_resumes(tiny, arch_data, tmp_path):
     target, _ = tiny
+    arch, dataset = arch_data
     torch.manual_seed(0)
-    drafter = DynaSpecDrafter.from_target(target, num_clusters=8)
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture=arch)
     kwargs = dict(lr=3e-3, batch_size=4, seq_len=24, ckpt_dir=tmp_path / "ckpt", heldout_fraction=0.2,
                   ckpt_every=10, progress=False)
     first = train_drafter(drafter, target, dataset, steps=30, **kwargs)
@@ -87,7 +140,7 @@ def test_training_loss_decreases_and_resumes(tiny, dataset, tmp_path):
     state = json.loads((tmp_path / "ckpt" / "trainer_state.json").read_text())
     assert state["step"] == 30
 
-    fresh = DynaSpecDrafter.from_target(target, num_clusters=8)
+    fresh = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture=arch)
     second = train_drafter(fresh, target, dataset, steps=36, **kwargs)
     assert second["start_step"] == 30 and len(second["losses"]) == 6
     # resumed weights continue from the trained ones: the loss stays near where the first run ended
@@ -96,7 +149,7 @@ def test_training_loss_decreases_and_resumes(tiny, dataset, tmp_path):
     assert all(p.requires_grad for p in target.parameters())  # target flags restored
 
     # the checkpoint restores the drafter exactly, and the AdamW moments of every parameter
-    restored = DynaSpecDrafter.from_target(target, num_clusters=8)
+    restored = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture=arch)
     optimizer = torch.optim.AdamW(restored.parameters())
     assert load_checkpoint(tmp_path / "ckpt", restored, optimizer)["step"] == 36
     for (name, trained), loaded in zip(fresh.named_parameters(), restored.parameters()):
@@ -136,8 +189,16 @@ def test_frequent_tokens_counts_answers_only(tiny, dataset):
     assert counts[top].min() >= counts.sort(descending=True).values[4]
 
 
+def test_training_refuses_data_without_the_drafters_layers(tiny, dataset, tmp_path):
+    target, _ = tiny
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8)  # EAGLE-3: reads layers the data lacks
+    with pytest.raises(ValueError, match="hf-dynaspec features"):
+        train_drafter(drafter, target, dataset, steps=1, lr=1e-3, batch_size=1, seq_len=8, ckpt_dir=tmp_path,
+                      progress=False)
+
+
 @pytest.mark.parametrize("depth", [2, 3])
-def test_unrolled_steps_match_step_by_step_drafting(tiny, dataset, depth):
+def test_unrolled_steps_match_step_by_step_drafting(tiny, arch_data, depth):
     """Step s of the unrolled window equals drafting for real: the drafter's cache filled from the target's
     true features up to j - s + 1, then its own features fed back one position at a time."""
     from transformers import DynamicCache
@@ -145,8 +206,9 @@ def test_unrolled_steps_match_step_by_step_drafting(tiny, dataset, depth):
     from hf_dynaspec.training.trainer import collate, unrolled_steps, window
 
     target, _ = tiny
+    arch, dataset = arch_data
     torch.manual_seed(1)
-    drafter = DynaSpecDrafter.from_target(target, num_clusters=8).bind(target).eval()
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture=arch).bind(target).eval()
     conv = max(load_dataset(dataset), key=lambda c: c.hidden.shape[0])
     length = conv.hidden.shape[0] - 1
     batch = collate([window(conv, 0, length)], length)
@@ -155,19 +217,20 @@ def test_unrolled_steps_match_step_by_step_drafting(tiny, dataset, depth):
         for j in range(depth - 1, length):
             first = j - depth + 1  # last position computed from the target's true features
             cache = DynamicCache()
-            hidden = batch.hidden[:, : first + 1].float()  # (1, first + 1, d), stored in fp16
+            hidden = drafter.project(batch.features[:, : first + 1].float())  # (1, first + 1, d), stored in fp16
             out = drafter(batch.input_ids[:, : first + 1], hidden, cache=cache, head_mode=None)
-            feature = out.hidden_states[:, -1:]  # (1, 1, d)
+            feature = out.next_hidden_states[:, -1:]  # (1, 1, d)
             for pos in range(first + 1, j + 1):
                 out = drafter(batch.input_ids[:, pos : pos + 1], feature, position_ids=torch.tensor([[pos]]),
                               cache=cache, head_mode=None)
-                feature = out.hidden_states
-            torch.testing.assert_close(steps[depth - 1][0][:, j], feature[:, 0], rtol=1e-4, atol=1e-5)
+                feature = out.next_hidden_states
+            torch.testing.assert_close(steps[depth - 1][0][:, j], out.hidden_states[:, 0], rtol=1e-4, atol=1e-5)
     assert not steps[depth - 1][2][:, : depth - 1].any()  # positions without a previous feature do not count
 
 
-def test_unrolled_training_learns_and_reports_depths(tiny, dataset, tmp_path):
+def test_unrolled_training_learns_and_reports_depths(tiny, eagle3_dataset, tmp_path):
     target, _ = tiny
+    dataset = eagle3_dataset
     torch.manual_seed(0)
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8)
     result = train_drafter(drafter, target, [dataset, dataset], steps=20, lr=3e-3, batch_size=4, seq_len=24,

@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class RootProposal:
-    """What the drafter proposes after the last committed token: its feature (d,) (the estimate of the root's
-    hidden state), the shortlisted head there (1 row) and the top-k children (tokens, log q), each (1, k)."""
+    """What the drafter proposes after the last committed token: its feature (d,) (what the root's children
+    read: the drafter's estimate of the root's state), the shortlisted head there (1 row) and the top-k children (tokens, log q), each (1, k)."""
 
     feature: torch.Tensor
     head: HeadOutput
@@ -99,28 +99,34 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         return cls(drafter, settings, stats, None, bool(generation_config.do_sample), generation_config.max_length)
 
     @property
+    def feature_layers(self) -> list[int]:
+        """The target hidden states the drafter reads (`verify_forward` returns them for `accept`)."""
+        return self.drafter.config.feature_layer_ids
+
+    @property
     def device(self) -> torch.device:
         return self.drafter.fc.weight.device
 
     # ------------------------------------------------------------------ committed sequence
     @torch.no_grad()
-    def extend(self, hidden_states: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        """Feed newly committed pairs (h_i, x_{i+1}): hidden_states (T, d), next_tokens (T,)."""
+    def extend(self, target_features: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        """Feed newly committed pairs (h_i, x_{i+1}): target_features (T, k * d) (`drafter.target_features`),
+        next_tokens (T,)."""
         with self.stats.timer("extend", self.device):
             crop_cache(self.cache, self.committed)
             length = next_tokens.numel()
-            positions = torch.arange(self.committed, self.committed + length, device=hidden_states.device)
+            positions = torch.arange(self.committed, self.committed + length, device=target_features.device)
             out = self.drafter(
                 input_ids=next_tokens[None],
-                hidden_states=hidden_states[None].to(self.drafter.dtype),
+                hidden_states=self.drafter.project(target_features[None]),
                 position_ids=positions[None],
-                attention_mask=causal_mask(length, self.committed, self.drafter.dtype, hidden_states.device),
+                attention_mask=causal_mask(length, self.committed, self.drafter.dtype, target_features.device),
                 cache=self.cache,
                 head_mode=None,
                 timer=self.stats.timer,
             )
             self.committed += length
-            feature = out.hidden_states[0, -1]  # (d,)
+            feature = out.next_hidden_states[0, -1]  # (d,)
             head, children = self._propose(out.hidden_states[0, -1:], out.router_logits[0, -1:], [0])
             self.root = RootProposal(feature, head, children)
 
@@ -138,20 +144,20 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             crop_cache(self.cache, self.committed)
         return tree
 
-    def accept(self, tree: VerifyTree, walk: WalkResult, hidden_states: torch.Tensor | None) -> None:
-        """Record a verified step, then read the accepted path: hidden_states (n, d), the target's at every
+    def accept(self, tree: VerifyTree, walk: WalkResult, target_features: torch.Tensor | None) -> None:
+        """Record a verified step, then read the accepted path: target_features (n, k * d), the target's at every
         tree node (None when generation has ended: nothing more to draft)."""
         self.stats.add_recall(self.root.in_shortlist(walk.new_tokens[0]))
         self.stats.add_step(len(walk.new_tokens), tree.num_nodes - 1, int(tree.grafted[walk.path].sum()))
         if self.costs is not None:
             self.acceptance.update(tree, walk.path)
-        if hidden_states is not None:
-            new_tokens = torch.tensor(walk.new_tokens, device=hidden_states.device)
-            self.extend(hidden_states[walk.path], new_tokens)
+        if target_features is not None:
+            new_tokens = torch.tensor(walk.new_tokens, device=target_features.device)
+            self.extend(target_features[walk.path], new_tokens)
 
     def proposers(self, input_ids: torch.LongTensor, pool: DraftTree) -> tuple[Proposals, Expand]:
         """The root's children and the expand function of one tree (its drafting state lives in the closure)."""
-        features = {0: self.root.feature}  # pool node -> drafter output feature (d,)
+        features = {0: self.root.feature}  # pool node -> what its children read (d,)
         slots: dict[int, int] = {}  # pool node -> drafter cache index
 
         def expand(nodes: list[int]) -> Proposals:
@@ -172,7 +178,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             first_slot = self.committed + len(slots)
             for i, node in enumerate(nodes):
                 slots[node] = first_slot + i
-                features[node] = out.hidden_states[0, i]
+                features[node] = out.next_hidden_states[0, i]
             return self._propose(out.hidden_states[0], out.router_logits[0], depths)[1]
 
         return self.root.children, expand
@@ -238,7 +244,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         new = input_ids.shape[1] - 1 - self.committed  # committed pairs (h_i, x_{i+1}) not read yet
         if not 0 < new <= hidden[-1].shape[1]:
             raise ValueError(f"Expected hidden states for {new} new positions, got {hidden[-1].shape[1]}.")
-        self.extend(hidden[-1][0, :new], input_ids[0, -new:])
+        self.extend(self.drafter.target_features(hidden)[0, :new], input_ids[0, -new:])
         room = None if self.max_length is None else self.max_length - input_ids.shape[1] - 1  # bonus token
         depth, _ = depth_limits(self.settings, room)
         if depth < 1:
@@ -266,7 +272,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
                 input_ids=token.view(1, 1), hidden_states=feature.view(1, 1, -1), cache=self.cache,
                 head_mode=None, timer=self.stats.timer,
             )
-            feature = out.hidden_states[0, -1]
+            feature = out.next_hidden_states[0, -1]
             head, _ = self._propose(out.hidden_states[0, -1:], out.router_logits[0, -1:], [t + 1])
         crop_cache(self.cache, self.committed)
         return torch.cat(tokens), torch.stack(rows)

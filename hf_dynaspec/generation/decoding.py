@@ -27,7 +27,7 @@ from .calibration import verify_costs_for
 from .candidates import DynaSpecCandidateGenerator
 from .config import resolve_draft_settings
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
-from .verify import head_reproduces_logits, keep_accepted, verify_forward, walk_tree
+from .verify import head_reproduces_logits, keep_accepted, select_hidden_states, verify_forward, walk_tree
 
 
 @dataclass
@@ -104,11 +104,11 @@ def speculative_decode(
         keep_scores=keep_scores,
     )
     with torch.no_grad():
-        hidden, next_tokens = prefill(target, run)
+        features, next_tokens = prefill(target, run, drafter.config.feature_layer_ids)
         if not run.finished:
             costs = verify_costs_for(settings, target, walk_logits=run.walk_logits)
             generator = DynaSpecCandidateGenerator(drafter, settings, run.stats, costs)
-            generator.extend(hidden, next_tokens)
+            generator.extend(features, next_tokens)
             while not run.finished:
                 speculative_step(target, generator, run)
     if streamer is not None:
@@ -116,9 +116,10 @@ def speculative_decode(
     return build_output(run)
 
 
-def prefill(target: torch.nn.Module, run: _Run) -> tuple[torch.Tensor, torch.Tensor]:
+def prefill(target: torch.nn.Module, run: _Run, feature_layers: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Target over the prompt -> first token (the target's own choice). Returns what the drafter reads next:
-    the prompt's hidden states (L, d) (h_i predicts x_{i+1}) and the tokens after them (L,)."""
+    the prompt's features (L, k * d) (hidden states `feature_layers`; position i predicts x_{i+1}) and the
+    tokens after them (L,)."""
     prompt = run.input_ids
     with run.stats.timer("prefill", target.device):
         last_only = {"logits_to_keep": 1} if target._supports_logits_to_keep() else {}
@@ -132,8 +133,8 @@ def prefill(target: torch.nn.Module, run: _Run) -> tuple[torch.Tensor, torch.Ten
         scores = run.logits_processor(run.full_ids(), raw.clone()) if len(run.logits_processor) else raw
         token = choose_token(scores[0], run.generation_config.do_sample)
         run.emit([token], [scores], [raw])
-    hidden = out.hidden_states[-1][0]  # (L, d)
-    return hidden, torch.cat([prompt[0, 1:], prompt.new_tensor([token])])  # (L, d), (L,) x_{i+1}
+    features = select_hidden_states(out.hidden_states, feature_layers)[0]  # (L, k * d)
+    return features, torch.cat([prompt[0, 1:], prompt.new_tensor([token])])  # (L, k * d), (L,) x_{i+1}
 
 
 def speculative_step(target: torch.nn.Module, generator: DynaSpecCandidateGenerator, run: _Run) -> None:
@@ -142,13 +143,14 @@ def speculative_step(target: torch.nn.Module, generator: DynaSpecCandidateGenera
     tokens_left = run.generation_config.max_length - run.full_ids().shape[1]
     tree = generator.draft(run.input_ids, max_depth=tokens_left - 1)  # room for the bonus token
     with run.stats.timer("verify", target.device):
-        logits, hidden = verify_forward(target, run.cache, tree, past_length, run.walk_logits)  # (n, d) hidden
+        logits, features = verify_forward(target, run.cache, tree, past_length, run.walk_logits,
+                                          generator.feature_layers)
         walk = walk_tree(
             tree, logits, run.full_ids(), run.logits_processor, run.generation_config.do_sample, run.keep_scores
         )
     run.emit(walk.new_tokens, walk.scores, walk.logits)
     keep_accepted(run.cache, past_length, walk.path)
-    generator.accept(tree, walk, None if run.finished else hidden)
+    generator.accept(tree, walk, None if run.finished else features)
 
 
 def choose_token(scores: torch.Tensor, do_sample: bool) -> int:

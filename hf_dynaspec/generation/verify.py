@@ -87,11 +87,28 @@ def likely_walk(tree: VerifyTree, length: int = WALK_ROWS) -> list[int]:
     return path
 
 
+def select_hidden_states(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
+    """The target hidden states `layer_ids` (indices into its `output_hidden_states` tuple) concatenated on the
+    last axis: (B, T, d) each -> (B, T, len(layer_ids) * d)."""
+    if not hidden_states or len(hidden_states) <= max(layer_ids) or len(hidden_states) < -min(layer_ids):
+        raise ValueError(
+            f"The drafter reads the target's hidden states {layer_ids}, but the target returned "
+            f"{len(hidden_states or ())}: run it with output_hidden_states=True, and use the drafter's own target."
+        )
+    return torch.cat([hidden_states[i] for i in layer_ids], dim=-1)
+
+
 def verify_forward(
-    target: torch.nn.Module, cache: DynamicCache, tree: VerifyTree, past_length: int, walk_logits: bool = False
+    target: torch.nn.Module,
+    cache: DynamicCache,
+    tree: VerifyTree,
+    past_length: int,
+    walk_logits: bool = False,
+    feature_layers: list[int] | tuple[int, ...] = (-1,),
 ) -> tuple[NodeLogits, torch.Tensor]:
     """Target logits at every tree node (all computed, or with `walk_logits` those of `likely_walk` and the
-    rest on demand) and last hidden states (n, d), root included."""
+    rest on demand) and the drafter's features of every node, root included: the hidden states
+    `feature_layers` concatenated (n, k * d)."""
     device = target.device
     n = tree.num_nodes
     rows = likely_walk(tree) if walk_logits else None
@@ -108,11 +125,13 @@ def verify_forward(
         output_hidden_states=True,
         **({"logits_to_keep": torch.tensor(rows, device=device)} if walk_logits else {}),
     )
-    hidden = out.hidden_states[-1][0]  # (n, d)
+    features = select_hidden_states(out.hidden_states, list(feature_layers))[0]  # (n, k * d)
     if walk_logits:
+        hidden = out.hidden_states[-1][0]  # (n, d) final normed states: the head's input
         known = {node: out.logits[0, i : i + 1].float() for i, node in enumerate(rows)}  # each (1, V)
-        return NodeLogits(hidden, target.get_output_embeddings(), known, LogitTransform.of(target.config)), hidden
-    return NodeLogits.from_tensor(out.logits[0]), hidden
+        head, transform = target.get_output_embeddings(), LogitTransform.of(target.config)
+        return NodeLogits(hidden, head, known, transform), features
+    return NodeLogits.from_tensor(out.logits[0]), features
 
 
 def walk_tree(

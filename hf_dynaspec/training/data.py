@@ -21,7 +21,6 @@ prompts already done: a rerun skips them).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -34,6 +33,8 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from ..targets import encode_prompt
+from .corpus import eos_token_ids, pad_token_id, prompt_key
+from .features import load_feature_shards, read_features_index
 
 INDEX_NAME = "index.json"
 FORMAT_VERSION = 1
@@ -42,11 +43,20 @@ PROMPT_FIELDS = ("turns", "prompt", "question", "instruction")
 
 @dataclass
 class Conversation:
-    """One self-distilled conversation: input_ids (L,), loss_mask (L,) bool, hidden (L - 1, d)."""
+    """One self-distilled conversation: input_ids (L,), loss_mask (L,) bool, hidden (L - 1, d) the target's final
+    normed states; aux (L - 1, k * d) the target layers an EAGLE-3 drafter reads (None in folders written by
+    `generate_dataset`, which keep the final state only: see `features.py`)."""
 
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
     hidden: torch.Tensor
+    aux: torch.Tensor | None = None
+    layer_ids: tuple[int, ...] = (-1,)
+
+    @property
+    def features(self) -> torch.Tensor:
+        """What the drafter reads at the first draft step (L - 1, k * d): aux when stored, else hidden."""
+        return self.hidden if self.aux is None else self.aux
 
     @property
     def prompt_length(self) -> int:
@@ -108,10 +118,6 @@ def prompt_of(record: Any) -> str | None:
     return None
 
 
-def prompt_key(prompt: str) -> str:
-    return hashlib.sha1(prompt.encode("utf-8")).hexdigest()
-
-
 # ----------------------------------------------------------------------------------------------- generation
 def generate_dataset(
     target,
@@ -143,8 +149,8 @@ def generate_dataset(
         if key not in done and key not in todo:
             todo[key] = encode_prompt(tokenizer, prompt, chat_template)[0].tolist()[-max_prompt_tokens:]
     order = sorted(todo, key=lambda k: len(todo[k]))
-    pad_id = _pad_id(tokenizer, target)
-    eos_ids = _eos_ids(target)
+    pad_id = pad_token_id(tokenizer, target)
+    eos_ids = eos_token_ids(target)
     pending: list[tuple[str, Conversation]] = []
     bar = tqdm(total=len(order), desc="self-distillation", unit="prompt", disable=not progress)
     for start in range(0, len(order), batch_size):
@@ -228,24 +234,6 @@ def _final_norm(target) -> torch.nn.Module:
     return norm
 
 
-def _pad_id(tokenizer, target) -> int:
-    for value in (tokenizer.pad_token_id, tokenizer.eos_token_id, target.config.get_text_config().eos_token_id):
-        if isinstance(value, list):
-            value = value[0] if value else None
-        if value is not None:
-            return int(value)
-    return 0
-
-
-def _eos_ids(target) -> set[int]:
-    eos = target.generation_config.eos_token_id
-    if eos is None:
-        eos = target.config.get_text_config().eos_token_id
-    if eos is None:
-        return set()
-    return {int(e) for e in (eos if isinstance(eos, list) else [eos])}
-
-
 # ----------------------------------------------------------------------------------------------- shards
 def _new_index(target, hidden_dtype: torch.dtype) -> dict[str, Any]:
     return {
@@ -289,8 +277,14 @@ def _write_shard(out: Path, index: dict[str, Any], items: list[tuple[str, Conver
 
 
 def load_dataset(data_dir: str | os.PathLike) -> list[Conversation]:
-    """Every conversation of a dataset written by `generate_dataset` (hidden states keep their dtype)."""
+    """Every conversation of a dataset written by `generate_dataset` (hidden states keep their dtype) or by
+    `features.write_features` (memory-mapped float16 features with their layer ids)."""
     out = Path(data_dir)
+    feature_index = read_features_index(out)
+    if feature_index is not None:
+        layers = tuple(feature_index["layer_ids"])
+        return [Conversation(ids, mask, hidden, aux, layers)
+                for ids, mask, _, hidden, aux in load_feature_shards(out, feature_index)]
     index = _read_index(out)
     if index is None:
         raise FileNotFoundError(f"{out / INDEX_NAME} is missing: make the data with `generate_dataset` first.")

@@ -57,7 +57,7 @@ class Batch:
     """B windows of T drafter positions (right-padded; `valid` marks the positions that count)."""
 
     input_ids: torch.Tensor  # (B, T) x_{i+1}
-    hidden: torch.Tensor  # (B, T, d) h_i
+    features: torch.Tensor  # (B, T, k * d) the target's features of position i (EAGLE-1: h_i)
     target_hidden: torch.Tensor  # (B, T, d) h_{i+1}
     position_ids: torch.Tensor  # (B, T) i
     valid: torch.Tensor  # (B, T) bool: x_{i+2} is an answer token
@@ -77,7 +77,7 @@ def window(conv: Conversation, start: int, length: int) -> dict[str, torch.Tenso
     stop = min(start + length, n_pos)
     return {
         "input_ids": conv.input_ids[start + 1 : stop + 1],  # (t,)
-        "hidden": conv.hidden[start:stop],  # (t, d)
+        "features": conv.features[start:stop],  # (t, k * d)
         "target_hidden": conv.hidden[start + 1 : stop + 1],  # (t, d)
         "position_ids": torch.arange(start, stop),  # (t,)
         "valid": conv.loss_mask[start + 2 : stop + 2],  # (t,)
@@ -109,7 +109,7 @@ def collate(parts: list[dict[str, torch.Tensor]], seq_len: int) -> Batch:
             rows.append(torch.cat([value, value.new_full((extra, *value.shape[1:]), fill)]) if extra else value)
         return torch.stack(rows)
 
-    return Batch(pad("input_ids"), pad("hidden"), pad("target_hidden"), pad("position_ids"), pad("valid", False))
+    return Batch(pad("input_ids"), pad("features"), pad("target_hidden"), pad("position_ids"), pad("valid", False))
 
 
 # ----------------------------------------------------------------------------------------------- losses
@@ -129,15 +129,16 @@ def unroll_mask(length: int, step: int, dtype: torch.dtype, device: torch.device
 def unrolled_steps(drafter, batch: Batch, unroll: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """[(features (B, T, d), router_logits (B, T, M), valid (B, T))] for draft steps 1..unroll.
 
-    Step 1 is teacher-forced: position j reads (h_j, x_{j+1}). Step s >= 2 reads (f^{s-1}_{j-1}, x_{j+1}):
-    the drafter's own feature from the previous step one position back, as at depth s when decoding (the
-    draft tokens are the true ones: only accepted prefixes count). Every step has the same targets
-    (h_{j+1}, x_{j+2}); position j of step s needs j >= s - 1.
+    Step 1 is teacher-forced: position j reads (project(target features of j), x_{j+1}). Step s >= 2 reads
+    (g^{s-1}_{j-1}, x_{j+1}): the drafter's own `next_hidden_states` from the previous step one position back,
+    as at depth s when decoding (the draft tokens are the true ones: only accepted prefixes count; this is
+    EAGLE-3's training-time test). Every step has the same targets (h_{j+1}, x_{j+2}); position j of step s
+    needs j >= s - 1.
     """
     dtype = drafter.fc.weight.dtype
     length = batch.input_ids.shape[1]
     cache = DynamicCache() if unroll > 1 else None
-    hidden = batch.hidden.to(dtype)  # (B, T, d)
+    hidden = drafter.project(batch.features)  # (B, T, d)
     steps = []
     for step in range(1, unroll + 1):
         mask = None if step == 1 else unroll_mask(length, step, dtype, hidden.device)
@@ -146,7 +147,8 @@ def unrolled_steps(drafter, batch: Batch, unroll: int) -> list[tuple[torch.Tenso
         valid = batch.valid.clone()
         valid[:, : step - 1] = False
         steps.append((out.hidden_states, out.router_logits, valid))
-        hidden = torch.cat([torch.zeros_like(out.hidden_states[:, :1]), out.hidden_states[:, :-1]], dim=1)
+        following = out.next_hidden_states  # (B, T, d)
+        hidden = torch.cat([torch.zeros_like(following[:, :1]), following[:, :-1]], dim=1)
     return steps
 
 
@@ -320,6 +322,7 @@ def train_drafter(
         raise ValueError(f"unroll must be >= 1 (draft steps trained per position), got {unroll}.")
     drafter.bind(target)
     train, heldout = load_split(data_dir, heldout_fraction, seed)
+    check_data_layers(train, drafter.config.feature_layer_ids)
     ckpt = Path(ckpt_dir)
     params = list(drafter.parameters())
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
@@ -375,6 +378,16 @@ def load_split(
     if not train:
         raise ValueError(f"{', '.join(map(str, data_dirs))} holds no training conversations.")
     return train, heldout
+
+
+def check_data_layers(convs: list[Conversation], layer_ids: list[int]) -> None:
+    """Refuse data whose stored target features are not the layers the drafter reads."""
+    stored = list(convs[0].layer_ids)
+    if stored != list(layer_ids) and not (stored == [-1] and len(layer_ids) == 1 and layer_ids[0] == -1):
+        raise ValueError(
+            f"The drafter reads the target's hidden states {layer_ids}, but this data stores {stored}: compute "
+            "the features it needs from the corpus (`hf-dynaspec features --layers ...`, training/features.py)."
+        )
 
 
 def _state(step: int, lr: float, batch_size: int, seq_len: int, history: list[float], start: int,

@@ -1,0 +1,145 @@
+"""The target's features of a token-id corpus (`corpus.py`), recomputed in batched forward passes.
+
+For each conversation of L tokens we keep, for its first L - 1 positions, the target's final normed hidden
+state (`hidden`, the loss's target: the target's distribution is head(hidden)) and the hidden states of the
+layers an EAGLE-3 drafter reads (`aux`, k layers concatenated). They are large (2 bytes x (k + 1) x d per
+token) and rebuilt from the committed ids on a fresh machine, so they live outside git, as float16 `.npy`
+files read through memory maps (the training process touches only the windows it samples):
+
+    index.json                    {"format": "features", "layer_ids": [...], "hidden_size": d, "shards": [...]}
+    features_00000.npz            input_ids (N,), offsets (n + 1,), prompt_lengths (n,)
+    features_00000.hidden.npy     (N - n, d) float16
+    features_00000.aux.npy        (N - n, k * d) float16
+
+    python -c "
+    import torch; torch.set_num_threads(1); from hf_dynaspec.targets import load_target
+    from hf_dynaspec.training.corpus import write_answers; from hf_dynaspec.training.features import write_features
+    from hf_dynaspec.training.data import load_dataset
+    t, tok = load_target('tiny'); write_answers(t, tok, [{'prompt': 'hi'}], '/tmp/corpus', 8, 2)
+    write_features(t, '/tmp/corpus', '/tmp/feats', [1, 2]); print(load_dataset('/tmp/feats')[0].aux.shape)"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..generation.verify import select_hidden_states
+from .corpus import CorpusConversation, load_corpus
+
+FORMAT = "features"
+INDEX_NAME = "index.json"
+
+
+@torch.no_grad()
+def forward_features(
+    target, convs: list[CorpusConversation], layer_ids: list[int]
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One right-padded batch through the target: per conversation (hidden (L - 1, d), aux (L - 1, k * d)),
+    float16. Causal attention: padding on the right changes no real position."""
+    device = target.get_output_embeddings().weight.device
+    width = max(c.input_ids.numel() for c in convs)
+    input_ids = torch.zeros(len(convs), width, dtype=torch.long)  # (B, W)
+    for row, conv in enumerate(convs):
+        input_ids[row, : conv.input_ids.numel()] = conv.input_ids
+    out = target.model(input_ids=input_ids.to(device), output_hidden_states=True, use_cache=False)
+    hidden = out.hidden_states[-1].float()  # (B, W, d)
+    aux = select_hidden_states(out.hidden_states, layer_ids).float()  # (B, W, k * d)
+    limit = torch.finfo(torch.float16).max
+    if bool(aux.abs().max() > limit):
+        raise ValueError("A target hidden state exceeds the float16 range: store these features in float32.")
+    result = []
+    for row, conv in enumerate(convs):
+        length = conv.input_ids.numel() - 1
+        result.append((hidden[row, :length].half().cpu().numpy(), aux[row, :length].half().cpu().numpy()))
+    return result
+
+
+def batches_by_tokens(convs: list[CorpusConversation], max_tokens: int) -> list[list[int]]:
+    """Indices of conversations grouped so that (count x longest) <= max_tokens, in length order."""
+    order = sorted(range(len(convs)), key=lambda i: convs[i].input_ids.numel())
+    groups, current = [], []
+    for i in order:
+        longest = convs[i].input_ids.numel()  # sorted: the newest is the longest
+        if current and (len(current) + 1) * longest > max_tokens:
+            groups.append(current)
+            current = []
+        current.append(i)
+    return groups + ([current] if current else [])
+
+
+def write_features(
+    target, corpus_dir: str | os.PathLike, out_dir: str | os.PathLike, layer_ids: list[int],
+    max_tokens: int = 8192, per_shard: int = 1024, progress: bool = True,
+) -> dict[str, Any]:
+    """Features of every conversation of `corpus_dir` under `out_dir`, shard by shard (resumable: a rerun
+    continues after the last complete shard). Returns the index."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    index = read_features_index(out) or {
+        "format": FORMAT, "corpus": str(corpus_dir), "layer_ids": list(layer_ids),
+        "hidden_size": int(target.config.get_text_config().hidden_size), "shards": [],
+    }
+    if index["layer_ids"] != list(layer_ids):
+        raise ValueError(f"{out} holds features of layers {index['layer_ids']}, not {list(layer_ids)}: use another folder.")
+    convs = [c for c in load_corpus(corpus_dir) if c.input_ids.numel() >= 3]
+    done = sum(s["num_conversations"] for s in index["shards"])
+    bar = tqdm(total=len(convs), initial=done, desc="target features", unit="conv", disable=not progress)
+    for lo in range(done, len(convs), per_shard):
+        part, t0 = convs[lo : lo + per_shard], time.perf_counter()
+        rows: list[Any] = [None] * len(part)
+        for group in batches_by_tokens(part, max_tokens):
+            for i, pair in zip(group, forward_features(target, [part[i] for i in group], layer_ids)):
+                rows[i] = pair
+            bar.update(len(group))
+        _write_shard(out, index, part, rows, time.perf_counter() - t0)
+    bar.close()
+    return index
+
+
+def _write_shard(out: Path, index: dict[str, Any], convs: list[CorpusConversation], rows: list, seconds: float) -> None:
+    name = f"features_{len(index['shards']):05d}"
+    lengths = np.array([c.input_ids.numel() for c in convs], dtype=np.int64)
+    np.savez(out / f"{name}.npz", input_ids=torch.cat([c.input_ids for c in convs]).numpy().astype(np.int32),
+             offsets=np.concatenate([[0], lengths.cumsum()]),
+             prompt_lengths=np.array([c.prompt_length for c in convs], dtype=np.int64))
+    np.save(out / f"{name}.hidden.npy", np.concatenate([h for h, _ in rows]))
+    np.save(out / f"{name}.aux.npy", np.concatenate([a for _, a in rows]))
+    tokens = int(lengths.sum())
+    index["shards"].append({"name": name, "num_conversations": len(convs), "num_tokens": tokens,
+                            "seconds": round(seconds, 1), "tokens_per_s": round(tokens / max(seconds, 1e-9), 1)})
+    tmp = out / (INDEX_NAME + ".tmp")
+    tmp.write_text(json.dumps(index, indent=1))
+    os.replace(tmp, out / INDEX_NAME)
+
+
+def read_features_index(out: Path) -> dict[str, Any] | None:
+    path = out / INDEX_NAME
+    if not path.is_file():
+        return None
+    index = json.loads(path.read_text())
+    return index if index.get("format") == FORMAT else None
+
+
+def load_feature_shards(out: Path, index: dict[str, Any]) -> list[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]]:
+    """Per conversation (input_ids (L,), loss_mask (L,) bool, prompt length, hidden (L - 1, d), aux
+    (L - 1, k * d)); the feature arrays are copy-on-write memory maps (read lazily, never written back)."""
+    result = []
+    for shard in index["shards"]:
+        with np.load(out / f"{shard['name']}.npz", allow_pickle=False) as data:
+            ids = torch.from_numpy(data["input_ids"].astype(np.int64))
+            offsets, prompt_lengths = data["offsets"].tolist(), data["prompt_lengths"].tolist()
+        hidden = torch.from_numpy(np.load(out / f"{shard['name']}.hidden.npy", mmap_mode="c"))
+        aux = torch.from_numpy(np.load(out / f"{shard['name']}.aux.npy", mmap_mode="c"))
+        for c, (lo, hi, p) in enumerate(zip(offsets[:-1], offsets[1:], prompt_lengths)):
+            mask = torch.zeros(hi - lo, dtype=torch.bool)
+            mask[p:] = True
+            result.append((ids[lo:hi], mask, p, hidden[lo - c : hi - c - 1], aux[lo - c : hi - c - 1]))
+    return result
