@@ -44,6 +44,8 @@ METHODS = {
     "full": dict(head_mode="full"),
     "full-chain": dict(head_mode="full", tree_policy="chain"),
     "static": dict(head_mode="static"),
+    "context": dict(head_mode="context"),
+    "union": dict(head_mode="union"),
 }
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "spec_bench" / "question.jsonl"
 

@@ -32,6 +32,7 @@ from .generation.config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecG
 from .modeling import DynaSpecDrafter
 from .targets import encode_prompt, load_target
 from .training import frequent_tokens, load_prompts, train_drafter
+from .training.trainer import LossWeights
 from .training.corpus import write_answers
 from .training.features import write_features
 
@@ -159,6 +160,16 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     distill.set_defaults(func=cmd_distill)
 
+    feats = sub.add_parser("features", help="the target's features of a token-id corpus, in batched passes (resumable)")
+    _add_target(feats)
+    feats.add_argument("--corpus", required=True, help="corpus folder (token ids, e.g. data/corpus/smollm2)")
+    feats.add_argument("--out", required=True, help="features folder (large: keep it out of git)")
+    feats.add_argument("--layers", type=int, nargs="+", default=None,
+                       help="target hidden states to keep; default: the EAGLE-3 layers of this target")
+    feats.add_argument("--max-tokens", type=int, default=8192, help="tokens per forward batch (padding included)")
+    feats.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    feats.set_defaults(func=cmd_features)
+
     train = sub.add_parser("train", help="train a drafter on a dataset made by `distill` (resumable)")
     _add_target(train)
     train.add_argument("--drafter", required=True, help="drafter folder to start from (see `init`)")
@@ -171,6 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seq-len", type=int, default=256, help="tokens per training window")
     train.add_argument("--unroll", type=int, default=1,
                        help="draft steps trained per position on the drafter's own features (2-3: better depth >= 2)")
+    train.add_argument("--bf16", action="store_true",
+                       help="bf16 autocast for forward and loss (fast on CPUs with bf16 matrix units)")
+    train.add_argument("--eval-every", type=int, default=0,
+                       help="record held-out top-1 at depths 1-3 every N steps (learning curve in trainer_state.json)")
+    train.add_argument("--loss-weights", type=float, nargs=3, default=None, metavar=("REGRESSION", "CE", "ROUTER"),
+                       help="weights of the feature regression, the CE to the target and the router loss "
+                            "(default 1 0.5 0.2)")
     train.add_argument("--head-positions", type=int, default=256,
                        help="positions per draft step whose full-vocabulary logits enter the CE loss")
     train.add_argument("--no-resume", action="store_true", help="start over instead of resuming from --ckpt-dir")
@@ -376,6 +394,19 @@ def cmd_distill(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_features(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, _ = target_from_args(args)
+    layers = args.layers or eagle3_layer_ids(target.config.get_text_config().num_hidden_layers)
+    index = write_features(target, args.corpus, args.out, layers, max_tokens=args.max_tokens)
+    tokens = sum(s["num_tokens"] for s in index["shards"])
+    seconds = sum(s["seconds"] for s in index["shards"])
+    print(f"{args.out}: features of hidden states {layers} for {tokens} tokens ({tokens / max(seconds, 1e-9):.0f} "
+          "tokens/s)")
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
 
     if args.threads:
@@ -384,6 +415,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target)
     result = train_drafter(drafter, target, args.data, args.steps, args.lr, args.batch_size, args.seq_len,
                            args.ckpt_dir, resume=not args.no_resume, unroll=args.unroll,
+                           autocast_dtype=torch.bfloat16 if args.bf16 else None, eval_every=args.eval_every,
+                           weights=LossWeights(*args.loss_weights) if args.loss_weights else None,
                            head_positions=args.head_positions)
     ev = result["eval"]
     recall = ", ".join(f"k={k}: {v:.2f}" for k, v in ev["router_recall"].items())

@@ -1,13 +1,18 @@
 """The drafter's shortlisted LM head: logits over a few rows of the target's LM head, never all of them.
 
-Three modes share one interface (`ShortlistHead.logits`):
+Five modes share one interface (`ShortlistHead.logits`):
 - "dynamic": DynaSpec. Each position keeps the tokens of its router's top-k clusters. Rows are read in place
   from a cluster-sorted copy of the head made once at bind time (one GEMM per contiguous run of selected
   clusters, `hf_dynaspec.ops.segmented_lm_head`) on CPU, or gathered by the fused Triton kernel on CUDA.
 - "full": the whole vocabulary (the EAGLE baseline).
 - "static": a fixed token set, e.g. the most frequent tokens (the FR-Spec / VocabTrim baseline), rows copied
   once at bind time.
+- "context": training-free, as NanoSpec (arXiv 2605.26444): the tokens already in the context (prompt and
+  output so far) plus the static set as a small frequent core.
+- "union": each position's router clusters plus the context tokens: the router finds what the context
+  predicts, the context supplies the rare names and identifiers it already holds.
 The `always_include_ids` (EOS) are always in the shortlist, so the drafter can propose the end of a reply.
+A token is in at most one finite column per position (duplicates would count its probability twice).
 
     python -m pytest tests/test_drafter.py -q -k head
 """
@@ -23,7 +28,8 @@ from .clustering import VocabClusters
 from .ops import gathered_lm_head, segmented_lm_head
 from .router import select_clusters
 
-HEAD_MODES = ("dynamic", "full", "static")
+HEAD_MODES = ("dynamic", "full", "static", "context", "union")
+CONTEXT_MODES = ("context", "union")  # the modes that read the context's token ids
 
 
 @dataclass(frozen=True)
@@ -100,9 +106,25 @@ class ShortlistHead:
 
     @torch.no_grad()
     def logits(
-        self, features: torch.Tensor, mode: str, router_logits: torch.Tensor | None = None, k: int | torch.Tensor = 1
+        self,
+        features: torch.Tensor,
+        mode: str,
+        router_logits: torch.Tensor | None = None,
+        k: int | torch.Tensor = 1,
+        context_ids: torch.Tensor | None = None,
     ) -> HeadOutput:
-        """features: (T, d) drafter outputs -> HeadOutput over the mode's shortlist; k: clusters per position."""
+        """features: (T, d) drafter outputs -> HeadOutput over the mode's shortlist; k: clusters per position;
+        context_ids: (C,) distinct token ids of the context ("context" and "union" modes)."""
+        if mode in CONTEXT_MODES and context_ids is None:
+            raise ValueError(f"head_mode={mode!r} needs the context's token ids (context_ids).")
+        if mode == "context":
+            core = self.static_ids if self.static_ids is not None else self.extra_ids
+            return self._columns(features, torch.unique(torch.cat([core, context_ids.to(self.device)])))
+        if mode == "union":
+            if router_logits is None:
+                raise ValueError("head_mode='union' needs router logits.")
+            selected = select_clusters(router_logits, k)
+            return self._dynamic(features, selected, context_ids.to(self.device))
         if mode == "full":
             logits = self.transform(F.linear(features, self.weight).float())  # (T, V)
             ids = torch.arange(logits.shape[-1], device=self.device)
@@ -122,7 +144,15 @@ class ShortlistHead:
             return self._dynamic(features, select_clusters(router_logits, k))
         raise ValueError(f"Unknown head_mode {mode!r}: choose one of {HEAD_MODES}.")
 
-    def _dynamic(self, features: torch.Tensor, selected: torch.Tensor) -> HeadOutput:
+    def _columns(self, features: torch.Tensor, token_ids: torch.Tensor) -> HeadOutput:
+        """Every position scores the same distinct `token_ids` (S,): rows gathered, (T, S) logits."""
+        logits = self.transform(F.linear(features, self.weight.index_select(0, token_ids)).float())  # (T, S)
+        sizes = torch.full((logits.shape[0],), token_ids.numel(), device=self.device)
+        return HeadOutput(token_ids, logits, sizes)
+
+    def _dynamic(
+        self, features: torch.Tensor, selected: torch.Tensor, context_ids: torch.Tensor | None = None
+    ) -> HeadOutput:
         # selected: (T, M) bool. The union U of selected clusters is computed once for all T positions,
         # then each position masks the clusters it did not choose itself.
         union = selected.any(dim=0).nonzero().flatten().cpu()  # (U,)
@@ -134,10 +164,15 @@ class ShortlistHead:
             starts, ends = self.clusters.segments(union)  # the same positions, as contiguous row runs
             logits = segmented_lm_head(features, self.weight_by_cluster, starts, ends).float()  # (T, S)
         own = selected[:, self.cluster_of_token[token_ids]]  # (T, S)
-        # Always-included ids (EOS): add a column unless the position's own clusters already hold them.
-        extra_logits = F.linear(features, self.extra_weight).float()  # (T, E)
-        extra_own = ~selected[:, self.cluster_of_token[self.extra_ids]]  # (T, E)
+        # Always-included ids (EOS) and, in "union" mode, the context's tokens: a column each, live unless the
+        # position's own clusters already hold the token.
+        extra_ids, extra_weight = self.extra_ids, self.extra_weight
+        if context_ids is not None:
+            extra_ids = torch.unique(torch.cat([self.extra_ids, context_ids]))  # (E,)
+            extra_weight = self.weight.index_select(0, extra_ids)  # (E, d)
+        extra_logits = F.linear(features, extra_weight).float()  # (T, E)
+        extra_own = ~selected[:, self.cluster_of_token[extra_ids]]  # (T, E)
         logits = self.transform(torch.cat([logits, extra_logits], dim=-1))  # (T, S + E)
         own = torch.cat([own, extra_own], dim=-1)
         logits = logits.masked_fill(~own, float("-inf"))
-        return HeadOutput(torch.cat([token_ids, self.extra_ids]), logits, own.sum(dim=-1))
+        return HeadOutput(torch.cat([token_ids, extra_ids]), logits, own.sum(dim=-1))

@@ -260,3 +260,39 @@ def test_project_refuses_features_of_the_wrong_width(eos_target):
         drafter.project(torch.zeros(1, 2, eos_target.config.hidden_size))
     with pytest.raises(ValueError, match="output_hidden_states=True"):
         drafter.target_features((torch.zeros(1, 2, eos_target.config.hidden_size),))
+
+
+def head_of(drafter, out, mode, k, context_ids):
+    """The bound head applied to a drafting call's features in `mode`, with `context_ids`."""
+    return drafter.bound_head.logits(out.hidden_states[0], mode, out.router_logits[0], k, context_ids)
+
+
+def test_context_head_scores_the_core_and_the_context_tokens(eos_target):
+    core = torch.tensor([5, 9, 17])
+    drafter = tiny_drafter(eos_target, static_token_ids=core)
+    out = draft_once(drafter, head_mode=None)
+    context = torch.tensor([9, 44, 120])
+    head = head_of(drafter, out, "context", 1, context)
+    assert head.token_ids.tolist() == [2, 5, 9, 17, 44, 120]  # core, context and EOS, each once
+    dense = drafter.dense_logits(out.hidden_states[0]).float()
+    torch.testing.assert_close(head.logits, dense[:, head.token_ids], rtol=1e-5, atol=1e-5)
+    assert head.shortlist_sizes.eq(6).all()
+    with pytest.raises(ValueError, match="context_ids"):
+        head_of(drafter, out, "context", 1, None)
+
+
+def test_union_head_is_the_router_clusters_plus_the_context_each_token_once(eos_drafter):
+    out = draft_once(eos_drafter, head_mode=None)
+    k, context = 2, torch.tensor([3, 50, 77, 121])
+    head = head_of(eos_drafter, out, "union", k, context)
+    vocab = head.to_vocab(eos_drafter.config.vocab_size)
+    dense = eos_drafter.dense_logits(out.hidden_states[0]).float()
+    for t in range(vocab.shape[0]):
+        chosen = out.router_logits[0, t].topk(k).indices
+        allowed = set(eos_drafter.clusters.tokens(chosen).tolist()) | set(context.tolist()) | {2}
+        assert set(torch.isfinite(vocab[t]).nonzero().flatten().tolist()) == allowed
+        # one finite column per token: a context token inside a chosen cluster is not counted twice
+        live = head.token_ids[torch.isfinite(head.logits[t])]
+        assert live.numel() == len(allowed) == int(head.shortlist_sizes[t])
+        idx = torch.tensor(sorted(allowed))
+        torch.testing.assert_close(vocab[t, idx], dense[t, idx], rtol=1e-5, atol=1e-5)

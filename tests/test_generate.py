@@ -180,3 +180,18 @@ def test_attention_implementations(attn):
     config = DynaSpecGenerationConfig(tree_policy="dyspec", num_draft_nodes=16, draft_depth=4, max_new_tokens=20)
     got = target.generate(ids, generation_config=config, assistant_model=drafter)
     assert torch.equal(got, greedy(target, ids, max_new_tokens=20))
+
+
+@pytest.mark.parametrize("head_mode", ["context", "union"])
+@pytest.mark.parametrize("static", [False, True])
+def test_context_heads_keep_greedy_exact(target, head_mode, static):
+    """The in-context shortlist (NanoSpec) and its union with the router's clusters, with and without a static
+    core: greedy output equals plain greedy."""
+    core = torch.arange(3, 40) if static else None
+    drafter = tiny_drafter(target, static_token_ids=core)
+    ids = prompt(9)
+    config = DynaSpecGenerationConfig(head_mode=head_mode, num_draft_nodes=12, draft_depth=4, max_new_tokens=24,
+                                      do_sample=False, return_dict_in_generate=True)
+    out = target.generate(ids, generation_config=config, assistant_model=drafter)
+    assert torch.equal(out.sequences, greedy(target, ids, max_new_tokens=24))
+    assert out.speculative_stats.mean_shortlist_size > 0

@@ -252,3 +252,22 @@ def test_split_per_folder_is_stable_when_folders_are_added(dataset):
     key = [tuple(c.input_ids.tolist()) for c in held_one]
     assert [tuple(c.input_ids.tolist()) for c in held_two[: len(held_one)]] == key
     assert len(train_two) == 2 * len(train_one)
+
+
+def test_bf16_autocast_training_records_a_learning_curve_across_resumes(tiny, eagle3_dataset, tmp_path):
+    target, _ = tiny
+    torch.manual_seed(0)
+    kwargs = dict(lr=3e-3, batch_size=2, seq_len=16, ckpt_dir=tmp_path / "ckpt", heldout_fraction=0.25,
+                  progress=False, unroll=2, autocast_dtype=torch.bfloat16, eval_every=4, ckpt_every=4)
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8)
+    first = train_drafter(drafter, target, eagle3_dataset, steps=8, **kwargs)
+    assert drafter.fc.weight.dtype == torch.float32  # autocast: the weights stay fp32
+    assert [p["step"] for p in first["curve"]] == [4, 8]
+    assert all(len(p["top1_at_depth"]) == 3 for p in first["curve"])
+    seen = [p["positions_seen"] for p in first["curve"]]
+    assert 0 < seen[0] < seen[1]
+    resumed = train_drafter(DynaSpecDrafter.from_target(target, num_clusters=8), target, eagle3_dataset,
+                            steps=12, **kwargs)
+    assert [p["step"] for p in resumed["curve"]] == [4, 8, 12] and resumed["curve"][2]["positions_seen"] > seen[1]
+    state = json.loads((tmp_path / "ckpt" / "trainer_state.json").read_text())
+    assert state["curve"] == resumed["curve"]

@@ -31,7 +31,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from ..head import HeadOutput
+from ..head import CONTEXT_MODES, HeadOutput
 from ..masks import additive_mask, causal_mask
 from .config import DraftSettings, resolve_draft_settings
 from .cost import AcceptanceTracker, VerifyCosts, trim_to_cost
@@ -84,6 +84,9 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         self.acceptance = AcceptanceTracker()
         self.cache = DynamicCache()
         self.committed = 0
+        # "context" / "union" heads: the tokens read so far (every committed token after the first)
+        self.in_context = torch.zeros(drafter.config.vocab_size, dtype=torch.bool, device=self.device)  # (V,)
+        self.context_ids: torch.Tensor | None = None  # (C,) distinct, refreshed by each `extend`
         self.root: RootProposal | None = None
         self._chain_length: int | None = None  # drafts of the last `get_candidates` (None: nothing drafted)
 
@@ -114,6 +117,9 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         next_tokens (T,)."""
         with self.stats.timer("extend", self.device):
             crop_cache(self.cache, self.committed)
+            if self.settings.head_mode in CONTEXT_MODES:
+                self.in_context[next_tokens.to(self.device)] = True
+                self.context_ids = self.in_context.nonzero().flatten()  # (C,)
             length = next_tokens.numel()
             positions = torch.arange(self.committed, self.committed + length, device=target_features.device)
             out = self.drafter(
@@ -217,7 +223,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             device=features.device,
         )
         with self.stats.timer("head", self.device):
-            head = self.drafter.bound_head.logits(features, settings.head_mode, router_logits, budget)
+            head = self.drafter.bound_head.logits(features, settings.head_mode, router_logits, budget, self.context_ids)
         self.stats.add_shortlist(head.shortlist_sizes)
         logq = torch.log_softmax(head.logits, dim=-1)  # (F, S), -inf outside each shortlist
         top = logq.topk(min(settings.draft_top_k, logq.shape[-1]), dim=-1)

@@ -54,7 +54,9 @@ class DynaSpecGenerationConfig(GenerationConfig):
         num_draft_nodes (`int`): node budget of the draft tree, root excluded (1..1024).
         draft_depth (`int`): maximum draft depth (1..64).
         draft_top_k (`int`): children proposed per expanded node, and nodes expanded per drafter call.
-        head_mode (`str`): drafter head: "dynamic" (router shortlist), "full" (whole vocabulary) or "static".
+        head_mode (`str`): drafter head: "dynamic" (router shortlist), "full" (whole vocabulary), "static" (the
+            drafter's stored frequent tokens), "context" (the context's tokens + the static set as a core,
+            NanoSpec) or "union" (router shortlist + the context's tokens).
         shortlist_k0 / shortlist_k1 (`int`): clusters kept at the first / deepest draft position
             (default: the drafter config's).
         min_draft_prob (`float`): drafts whose path probability q(path) (the product of the draft

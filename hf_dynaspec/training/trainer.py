@@ -309,13 +309,19 @@ def train_drafter(
     ckpt_every: int = 200,
     seed: int = 0,
     progress: bool = True,
+    autocast_dtype: torch.dtype | None = None,
+    eval_every: int = 0,
+    eval_positions: int = 2048,
 ) -> dict[str, Any]:
     """Train `drafter` (bound to `target`) for `steps` steps in all (a resumed run continues from the saved
     step up to `steps`). `data_dir`: one dataset folder or several (each split into train / held-out on its
     own, so adding a folder later never moves a conversation of an earlier one across the split). `unroll`
     > 1 trains the drafter on its own features for that many draft steps (see `unrolled_steps`), step s
-    weighted by `unroll_decay ** (s - 1)`. Returns {"step", "losses" (this call's per-step totals),
-    "start_step", "tokens_per_s", "eval": evaluate_drafter(...) on the held-out conversations}."""
+    weighted by `unroll_decay ** (s - 1)`. `autocast_dtype` (torch.bfloat16) runs forward and loss under CPU /
+    CUDA autocast (weights and optimizer stay fp32). `eval_every` > 0 records a learning curve: held-out top-1 at
+    depths 1..max(unroll, 3) every that many steps, against steps and training positions seen, kept in
+    `trainer_state.json` ("curve") across resumes. Returns {"step", "losses" (this call's per-step totals),
+    "start_step", "tokens_per_s", "curve", "eval": evaluate_drafter(...) on the held-out conversations}."""
     weights = weights or LossWeights()
     warmup = max(1, steps // 20) if warmup is None else warmup
     if unroll < 1:
@@ -328,6 +334,8 @@ def train_drafter(
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
     saved = load_checkpoint(ckpt, drafter, optimizer) if resume else None
     start = int(saved["step"]) if saved else 0
+    curve: list[dict[str, Any]] = list(saved.get("curve", [])) if saved else []
+    seen = int(saved.get("positions_seen", 0)) if saved else 0
     history: list[float] = []
     generator = torch.Generator().manual_seed(seed + start)
     drafter.train()
@@ -338,20 +346,25 @@ def train_drafter(
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, steps, lr, warmup)
             batch = sample_batch(train, batch_size, seq_len, generator)
-            parts = drafter_losses(drafter, batch, head_positions, router_top_l, soft_targets, generator, unroll,
-                                   unroll_decay)
-            loss = weights.total(parts)
+            with autocast(autocast_dtype, drafter.fc.weight.device):
+                parts = drafter_losses(drafter, batch, head_positions, router_top_l, soft_targets, generator,
+                                       unroll, unroll_decay)
+                loss = weights.total(parts)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, grad_clip)
             optimizer.step()
             history.append(float(loss.detach()))
             tokens += int(batch.valid.sum())
+            seen += int(batch.valid.sum())
             bar.set_postfix(loss=f"{history[-1]:.3f}", top1=f"{float(parts['top1']):.2f}")
             done = step + 1
+            if eval_every and (done % eval_every == 0 or done == steps):
+                curve.append(curve_point(drafter, heldout or train[:1], seq_len, done, seen, unroll, eval_positions))
+                drafter.train()
             if done % ckpt_every == 0 or done == steps:
-                save_checkpoint(ckpt, drafter, optimizer,
-                                _state(done, lr, batch_size, seq_len, history, start, unroll))
+                state = _state(done, lr, batch_size, seq_len, history, start, unroll)
+                save_checkpoint(ckpt, drafter, optimizer, state | {"curve": curve, "positions_seen": seen})
     drafter.eval()
     elapsed = time.perf_counter() - t0
     return {
@@ -359,6 +372,7 @@ def train_drafter(
         "start_step": start,
         "losses": history,
         "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+        "curve": curve,
         "eval": evaluate_drafter(drafter, heldout or train[:1], seq_len, unroll=max(unroll, 2)),
     }
 
@@ -378,6 +392,24 @@ def load_split(
     if not train:
         raise ValueError(f"{', '.join(map(str, data_dirs))} holds no training conversations.")
     return train, heldout
+
+
+@contextmanager
+def autocast(dtype: torch.dtype | None, device: torch.device) -> Iterator[None]:
+    """torch.autocast on `device` in `dtype` (None: full precision)."""
+    if dtype is None:
+        yield
+        return
+    with torch.autocast(device.type, dtype=dtype):
+        yield
+
+
+def curve_point(drafter, heldout: list[Conversation], seq_len: int, step: int, seen: int, unroll: int,
+                positions: int) -> dict[str, Any]:
+    """One learning-curve point: held-out top-1 at draft depths 1..max(unroll, 3) after `step` steps."""
+    ev = evaluate_drafter(drafter, heldout, seq_len, max_positions=positions, unroll=max(unroll, 3))
+    return {"step": step, "positions_seen": seen, "top1_at_depth": [round(v, 4) for v in ev["top1_at_depth"]],
+            "heldout_positions": ev["positions"]}
 
 
 def check_data_layers(convs: list[Conversation], layer_ids: list[int]) -> None:

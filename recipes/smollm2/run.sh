@@ -1,29 +1,45 @@
 #!/usr/bin/env bash
-# The whole SmolLM2-135M-Instruct drafter recipe on CPU (2 cores): prompts -> self-distilled data -> drafter
-# -> evaluation, about two hours of compute. Every stage resumes: rerun the script after an interruption.
+# The whole SmolLM2-135M-Instruct EAGLE-3 drafter recipe on CPU (2 cores): prompts -> token-id corpus (committed
+# under data/corpus/smollm2) -> the target's features (recomputed, not committed) -> drafter -> evaluation.
+# Every stage resumes: rerun the script after an interruption. Each stage's wall time goes to $RUN/stages.jsonl.
 #   bash recipes/smollm2/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-RUN=${RUN:-runs/smollm2}
-STEPS=${STEPS:-5000}
+RUN=${RUN:-runs/smollm2-eagle3}
+CORPUS=${CORPUS:-data/corpus/smollm2}
+STEPS=${STEPS:-6000}
+UNROLL=${UNROLL:-4}
 export OMP_NUM_THREADS=2
+mkdir -p "$RUN"
 
-# 1. prompts (two disjoint mixes, no Spec-Bench prompt) and self-distilled answers with the target's features
-[ -f data/train_prompts.jsonl ] || python recipes/smollm2/build_prompts.py --out data/train_prompts.jsonl
-[ -f data/train_prompts_round2.jsonl ] || python recipes/smollm2/build_prompts.py --round 2 --seed 1 \
+stage() {  # stage NAME COMMAND...: run it, append {"stage", "seconds", "finished"} to $RUN/stages.jsonl
+    local name=$1 start
+    shift
+    start=$(date +%s)
+    "$@"
+    printf '{"stage": "%s", "seconds": %d, "finished": "%s"}\n' "$name" $(($(date +%s) - start)) \
+        "$(date -u +%FT%TZ)" >> "$RUN/stages.jsonl"
+}
+
+# 1. prompts (two disjoint mixes, no Spec-Bench prompt), then Magpie questions over ten domains and greedy
+#    answers up to 256 tokens in bf16 batches, kept as token ids
+[ -f data/train_prompts.jsonl ] || stage prompts python recipes/smollm2/build_prompts.py --out data/train_prompts.jsonl
+[ -f data/train_prompts_round2.jsonl ] || stage prompts2 python recipes/smollm2/build_prompts.py --round 2 --seed 1 \
     --out data/train_prompts_round2.jsonl
-hf-dynaspec distill --target smollm2 --prompts data/train_prompts.jsonl --out "$RUN/data" \
-    --max-new-tokens 128 --batch-size 32 --threads 2
-hf-dynaspec distill --target smollm2 --prompts data/train_prompts_round2.jsonl --out "$RUN/data2" \
-    --max-new-tokens 128 --batch-size 32 --threads 2
+stage corpus python recipes/smollm2/build_corpus.py --out "$CORPUS" --per-domain 400
 
-# 2. drafter: clusters of the LM head, then training with two unrolled draft steps
-[ -f "$RUN/init/config.json" ] || hf-dynaspec init --target smollm2 --num-clusters 64 --k0 8 --k1 4 --out "$RUN/init"
-hf-dynaspec train --target smollm2 --drafter "$RUN/init" --data "$RUN/data" --data "$RUN/data2" \
-    --ckpt-dir "$RUN/ckpt2" --steps "$STEPS" --lr 5e-4 --batch-size 8 --seq-len 256 --unroll 2 \
-    --head-positions 128 --threads 2
+# 2. the target's features of the corpus (its EAGLE-3 layers and its final hidden state), batched fp32 passes
+stage features hf-dynaspec features --target smollm2 --corpus "$CORPUS" --out "$RUN/features" --threads 2
 
-# 3. the static-shortlist baseline (same mean size as the dynamic shortlists) and a quick Spec-Bench check
-hf-dynaspec static --drafter "$RUN/ckpt2" --data "$RUN/data" --data "$RUN/data2" --size 3072
-hf-dynaspec bench --target smollm2 --drafter "$RUN/ckpt2" --limit 2 --methods plain,dynaspec,full,static \
+# 3. drafter: EAGLE-3 layer started from the target's last layer, clusters of the LM head, training with
+#    $UNROLL unrolled draft steps (training-time test), bf16 autocast, a learning curve every 250 steps
+[ -f "$RUN/init/config.json" ] || stage init hf-dynaspec init --target smollm2 --architecture eagle3 \
+    --num-clusters 64 --k0 8 --k1 4 --copy-last-layer --out "$RUN/init"
+stage train hf-dynaspec train --target smollm2 --drafter "$RUN/init" --data "$RUN/features" --ckpt-dir "$RUN/ckpt" \
+    --steps "$STEPS" --lr 5e-4 --batch-size 8 --seq-len 256 --unroll "$UNROLL" --head-positions 128 --bf16 \
+    --eval-every 250 --threads 2
+
+# 4. the static-shortlist baseline (same mean size as the dynamic shortlists) and a quick Spec-Bench check
+stage static hf-dynaspec static --drafter "$RUN/ckpt" --data "$RUN/features" --size 3072
+stage bench hf-dynaspec bench --target smollm2 --drafter "$RUN/ckpt" --limit 2 --methods plain,dynaspec,full,static \
     --out "$RUN/bench" --threads 2
