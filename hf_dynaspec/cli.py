@@ -32,9 +32,9 @@ from .generation.config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecG
 from .modeling import DynaSpecDrafter
 from .targets import encode_prompt, load_target
 from .training import frequent_tokens, load_prompts, train_drafter
-from .training.trainer import LossWeights
 from .training.corpus import write_answers
 from .training.features import write_features
+from .training.trainer import LossWeights
 
 SHIPPED_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-instruct"
 DEMO_PROMPTS = (

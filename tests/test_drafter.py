@@ -12,7 +12,6 @@ from transformers import AutoConfig, AutoModel
 
 from hf_dynaspec import DynaSpecConfig, DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.masks import causal_mask
-from hf_dynaspec.masks import causal_mask
 
 
 @pytest.fixture(scope="module")
