@@ -29,6 +29,7 @@ from . import __version__, bench, quality, sharing
 from .configuration import ARCHITECTURES, eagle3_layer_ids
 from .cpu import is_prepared_for_cpu, prepare_for_cpu
 from .generation.config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecGenerationConfig
+from .interchange import FORMATS, export_eagle3, load_eagle3, shortlist_counts_on_data
 from .modeling import DynaSpecDrafter
 from .targets import encode_prompt, load_target
 from .training import frequent_tokens, load_prompts, train_drafter
@@ -159,6 +160,26 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     distill.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     distill.set_defaults(func=cmd_distill)
+
+    exp = sub.add_parser("export", help="write a drafter as a vLLM / SGLang EAGLE-3 draft model (static vocabulary)")
+    exp.add_argument("drafter", help="drafter folder (EAGLE-3 architecture)")
+    exp.add_argument("out", help="output folder (config.json + model.safetensors)")
+    _add_target(exp)
+    exp.add_argument("--format", choices=FORMATS, default="eagle3",
+                     help="eagle3: vLLM and SGLang; speculators: vLLM's speculators layout")
+    exp.add_argument("--draft-vocab-size", type=int, default=32768,
+                     help="tokens of the static draft vocabulary (the servers run no router)")
+    exp.add_argument("--data", action="append", default=None,
+                     help="feature folder(s) (`features`): the draft vocabulary = the tokens the drafter's dynamic "
+                          "shortlists held most often there; default: the drafter's static shortlist")
+    exp.set_defaults(func=cmd_export)
+
+    imp = sub.add_parser("import-eagle3", help="load a vLLM / SGLang EAGLE-3 checkpoint (safetensors) as a drafter")
+    _add_target(imp)
+    imp.add_argument("--checkpoint", required=True, help="EAGLE-3 folder (config.json + *.safetensors)")
+    imp.add_argument("--out", required=True, help="drafter folder to write")
+    imp.add_argument("--num-clusters", type=int, default=64, help="vocabulary clusters of the dynamic head")
+    imp.set_defaults(func=cmd_import_eagle3)
 
     feats = sub.add_parser("features", help="the target's features of a token-id corpus, in batched passes (resumable)")
     _add_target(feats)
@@ -391,6 +412,26 @@ def cmd_distill(args: argparse.Namespace) -> int:
     tokens = sum(shard["num_tokens"] for shard in index["shards"])
     print(f"{args.out}: {len(index['done'])} conversations, {tokens} tokens (ids in {corpus}), target features "
           f"of hidden states {layers}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    target, _ = target_from_args(args)
+    drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target).eval()
+    counts = shortlist_counts_on_data(drafter, args.data) if args.data else None
+    out = export_eagle3(drafter, target, args.out, draft_vocab_size=args.draft_vocab_size, token_counts=counts,
+                        format=args.format)
+    print(f"wrote {out} ({args.format}): serve it with vLLM --speculative-config "
+          f"'{{\"method\": \"eagle3\", \"model\": \"{out}\"}}' (see the README, Serving with vLLM / SGLang)")
+    return 0
+
+
+def cmd_import_eagle3(args: argparse.Namespace) -> int:
+    target, tokenizer = target_from_args(args)
+    drafter = load_eagle3(args.checkpoint, target, num_clusters=args.num_clusters)
+    drafter.save_pretrained(args.out, tokenizer=tokenizer)
+    print(f"saved {args.out}: static head = the checkpoint's {drafter.config.static_shortlist_size} draft tokens; "
+          "the router is untrained: fit it before using head_mode='dynamic'")
     return 0
 
 

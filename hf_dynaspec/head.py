@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .clustering import VocabClusters
+from .clustering import VocabClusters, merge_runs
 from .ops import gathered_lm_head, segmented_lm_head
 from .router import select_clusters
 
@@ -77,6 +77,15 @@ class HeadOutput:
         return out.scatter_reduce_(1, index, self.logits, reduce="amax")
 
 
+@dataclass
+class ContextColumns:
+    """The columns the "context" / "union" heads add for one decoding step, made once per step
+    (`ShortlistHead.context_columns`): token_ids (C,) distinct ascending, weight (C, d) their LM-head rows."""
+
+    token_ids: torch.Tensor
+    weight: torch.Tensor
+
+
 class ShortlistHead:
     """Prepared views of the target's LM head for the three head modes (built by `DynaSpecDrafter.bind`)."""
 
@@ -94,6 +103,7 @@ class ShortlistHead:
         self.device = weight.device
         self.cluster_of_token = clusters.cluster_of_token.to(self.device)  # (V,)
         self.permutation = clusters.permutation.to(self.device)  # (V,)
+        self.offsets = clusters.offsets.tolist()  # (M + 1,) on the host: the layout slices need no device read
         # CPU path reads rows in place from a cluster-contiguous copy; CUDA gathers from the original.
         self.weight_by_cluster = weight.index_select(0, self.permutation) if not weight.is_cuda else None
         self.extra_ids = torch.tensor(sorted(set(always_include_ids)), dtype=torch.long, device=self.device)
@@ -104,27 +114,37 @@ class ShortlistHead:
             self.static_ids = ids  # (S,)
             self.static_weight = weight.index_select(0, ids)  # (S, d), copied once
 
+    def context_columns(self, in_context: torch.Tensor, mode: str) -> ContextColumns:
+        """The step's extra columns from in_context (V,) bool (the tokens read so far): with the always-included
+        ids, and in "context" mode the static set as the frequent core (NanoSpec). One host read (nonzero)."""
+        mask = in_context.to(self.device).clone()  # (V,)
+        mask[self.extra_ids] = True
+        if mode == "context" and self.static_ids is not None:
+            mask[self.static_ids] = True
+        ids = mask.nonzero().flatten()  # (C,)
+        return ContextColumns(ids, self.weight.index_select(0, ids))
+
     @torch.no_grad()
     def logits(
         self,
         features: torch.Tensor,
         mode: str,
         router_logits: torch.Tensor | None = None,
-        k: int | torch.Tensor = 1,
-        context_ids: torch.Tensor | None = None,
+        k: int | list[int] | torch.Tensor = 1,
+        context: ContextColumns | None = None,
     ) -> HeadOutput:
         """features: (T, d) drafter outputs -> HeadOutput over the mode's shortlist; k: clusters per position;
-        context_ids: (C,) distinct token ids of the context ("context" and "union" modes)."""
-        if mode in CONTEXT_MODES and context_ids is None:
-            raise ValueError(f"head_mode={mode!r} needs the context's token ids (context_ids).")
+        context: the step's `context_columns` ("context" and "union" modes)."""
+        if mode in CONTEXT_MODES and context is None:
+            raise ValueError(f"head_mode={mode!r} needs the step's context columns (`context_columns`).")
         if mode == "context":
-            core = self.static_ids if self.static_ids is not None else self.extra_ids
-            return self._columns(features, torch.unique(torch.cat([core, context_ids.to(self.device)])))
+            logits = self.transform(F.linear(features, context.weight).float())  # (T, C)
+            sizes = torch.full((logits.shape[0],), context.token_ids.numel(), device=self.device)
+            return HeadOutput(context.token_ids, logits, sizes)
         if mode == "union":
             if router_logits is None:
                 raise ValueError("head_mode='union' needs router logits.")
-            selected = select_clusters(router_logits, k)
-            return self._dynamic(features, selected, context_ids.to(self.device))
+            return self._dynamic(features, select_clusters(router_logits, k), context)
         if mode == "full":
             logits = self.transform(F.linear(features, self.weight).float())  # (T, V)
             ids = torch.arange(logits.shape[-1], device=self.device)
@@ -144,32 +164,26 @@ class ShortlistHead:
             return self._dynamic(features, select_clusters(router_logits, k))
         raise ValueError(f"Unknown head_mode {mode!r}: choose one of {HEAD_MODES}.")
 
-    def _columns(self, features: torch.Tensor, token_ids: torch.Tensor) -> HeadOutput:
-        """Every position scores the same distinct `token_ids` (S,): rows gathered, (T, S) logits."""
-        logits = self.transform(F.linear(features, self.weight.index_select(0, token_ids)).float())  # (T, S)
-        sizes = torch.full((logits.shape[0],), token_ids.numel(), device=self.device)
-        return HeadOutput(token_ids, logits, sizes)
-
     def _dynamic(
-        self, features: torch.Tensor, selected: torch.Tensor, context_ids: torch.Tensor | None = None
+        self, features: torch.Tensor, selected: torch.Tensor, context: ContextColumns | None = None
     ) -> HeadOutput:
-        # selected: (T, M) bool. The union U of selected clusters is computed once for all T positions,
-        # then each position masks the clusters it did not choose itself.
-        union = selected.any(dim=0).nonzero().flatten().cpu()  # (U,)
-        positions = self.clusters.positions_of(union).to(self.device)  # (S,) in the cluster-sorted layout
-        token_ids = self.permutation[positions]  # (S,)
+        # selected: (T, M) bool. The union U of selected clusters is computed once for all T positions (read
+        # on the host once: the one device synchronisation of a head call), then each position masks the
+        # clusters it did not choose itself.
+        union = [c for c, chosen in enumerate(selected.any(dim=0).tolist()) if chosen]  # (U,) ascending
+        starts, ends = merge_runs(union, self.offsets)  # contiguous row runs of the cluster-sorted layout
+        positions = torch.cat([torch.arange(a, b) for a, b in zip(starts, ends)] or [torch.arange(0)])  # (S,)
+        token_ids = self.permutation[positions.to(self.device, non_blocking=True)]  # (S,)
         if features.is_cuda:
             logits = gathered_lm_head(features, self.weight, token_ids).float()  # (T, S)
         else:
-            starts, ends = self.clusters.segments(union)  # the same positions, as contiguous row runs
             logits = segmented_lm_head(features, self.weight_by_cluster, starts, ends).float()  # (T, S)
         own = selected[:, self.cluster_of_token[token_ids]]  # (T, S)
         # Always-included ids (EOS) and, in "union" mode, the context's tokens: a column each, live unless the
         # position's own clusters already hold the token.
         extra_ids, extra_weight = self.extra_ids, self.extra_weight
-        if context_ids is not None:
-            extra_ids = torch.unique(torch.cat([self.extra_ids, context_ids]))  # (E,)
-            extra_weight = self.weight.index_select(0, extra_ids)  # (E, d)
+        if context is not None:  # its columns include the always-included ids
+            extra_ids, extra_weight = context.token_ids, context.weight  # (E,), (E, d)
         extra_logits = F.linear(features, extra_weight).float()  # (T, E)
         extra_own = ~selected[:, self.cluster_of_token[extra_ids]]  # (T, E)
         logits = self.transform(torch.cat([logits, extra_logits], dim=-1))  # (T, S + E)

@@ -1,7 +1,8 @@
 """The DynaSpec router: a 2-layer MLP that scores vocabulary clusters for a draft position.
 
-Its input is the drafter's fused input `x = fc([embed(token); hidden_state])`, which exists before the
-drafter's decoder layer runs, so on CUDA the router runs on a side stream overlapped with that layer.
+Its input is what the drafter's decoder layer reads (EAGLE-3: the 2d attention input [norm(embedding);
+hidden_norm(feature)]; EAGLE-1: `x = fc([embed(token); hidden_state])`), which exists before that layer runs,
+so on CUDA the router runs on a side stream overlapped with the layer.
 The shortlist of a position is the union of its top-k clusters (k from the depth schedule).
 
     python -c "import torch; from hf_dynaspec.router import ClusterRouter; print(ClusterRouter(64, 32, 16)(torch.randn(3, 64)).shape)"
@@ -29,16 +30,23 @@ class ClusterRouter(nn.Module):
         return self.down(self.act(self.up(features)))  # (..., M)
 
 
-def select_clusters(router_logits: torch.Tensor, k: int | torch.Tensor) -> torch.Tensor:
+def select_clusters(router_logits: torch.Tensor, k: int | list[int] | torch.Tensor) -> torch.Tensor:
     """Boolean selection of each position's top-k clusters.
 
-    router_logits: (T, M); k: an int, or (T,) per-position budgets -> (T, M) bool with min(k_t, M) True in row t.
+    router_logits: (T, M); k: an int, or per-position budgets (T,) as a list (read on the host: no device
+    synchronisation) or a tensor -> (T, M) bool with min(k_t, M) True in row t.
     """
     num_clusters = router_logits.shape[-1]
-    k_max = min(int(k.max()) if torch.is_tensor(k) else int(k), num_clusters)
+    per_row = isinstance(k, list) or torch.is_tensor(k)
+    if isinstance(k, list):
+        k_max = max(k)
+        k = torch.tensor(k, device=router_logits.device)
+    else:
+        k_max = int(k.max()) if per_row else int(k)
+    k_max = min(k_max, num_clusters)
     top = router_logits.topk(k_max, dim=-1).indices  # (T, k_max), best first
     keep = torch.ones_like(top, dtype=torch.bool)
-    if torch.is_tensor(k):
+    if per_row:
         keep = torch.arange(k_max, device=top.device)[None] < k.to(top.device)[:, None]  # (T, k_max)
     selected = torch.zeros_like(router_logits, dtype=torch.bool)
     return selected.scatter_(-1, top, keep)  # (T, M)

@@ -262,8 +262,14 @@ def test_project_refuses_features_of_the_wrong_width(eos_target):
 
 
 def head_of(drafter, out, mode, k, context_ids):
-    """The bound head applied to a drafting call's features in `mode`, with `context_ids`."""
-    return drafter.bound_head.logits(out.hidden_states[0], mode, out.router_logits[0], k, context_ids)
+    """The bound head applied to a drafting call's features in `mode`, with the context tokens `context_ids`."""
+    head = drafter.bound_head
+    context = None
+    if context_ids is not None:
+        in_context = torch.zeros(drafter.config.vocab_size, dtype=torch.bool)
+        in_context[context_ids] = True
+        context = head.context_columns(in_context, mode)
+    return head.logits(out.hidden_states[0], mode, out.router_logits[0], k, context)
 
 
 def test_context_head_scores_the_core_and_the_context_tokens(eos_target):
@@ -276,7 +282,7 @@ def test_context_head_scores_the_core_and_the_context_tokens(eos_target):
     dense = drafter.dense_logits(out.hidden_states[0]).float()
     torch.testing.assert_close(head.logits, dense[:, head.token_ids], rtol=1e-5, atol=1e-5)
     assert head.shortlist_sizes.eq(6).all()
-    with pytest.raises(ValueError, match="context_ids"):
+    with pytest.raises(ValueError, match="context columns"):
         head_of(drafter, out, "context", 1, None)
 
 

@@ -31,7 +31,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from ..head import CONTEXT_MODES, HeadOutput
+from ..head import CONTEXT_MODES, ContextColumns, HeadOutput
 from ..masks import additive_mask, causal_mask
 from .config import DraftSettings, resolve_draft_settings
 from .cost import AcceptanceTracker, VerifyCosts, trim_to_cost
@@ -86,7 +86,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         self.committed = 0
         # "context" / "union" heads: the tokens read so far (every committed token after the first)
         self.in_context = torch.zeros(drafter.config.vocab_size, dtype=torch.bool, device=self.device)  # (V,)
-        self.context_ids: torch.Tensor | None = None  # (C,) distinct, refreshed by each `extend`
+        self.context: ContextColumns | None = None  # the head's columns for them, refreshed by each `extend`
         self.root: RootProposal | None = None
         self._chain_length: int | None = None  # drafts of the last `get_candidates` (None: nothing drafted)
 
@@ -119,7 +119,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             crop_cache(self.cache, self.committed)
             if self.settings.head_mode in CONTEXT_MODES:
                 self.in_context[next_tokens.to(self.device)] = True
-                self.context_ids = self.in_context.nonzero().flatten()  # (C,)
+                self.context = self.drafter.bound_head.context_columns(self.in_context, self.settings.head_mode)
             length = next_tokens.numel()
             positions = torch.arange(self.committed, self.committed + length, device=target_features.device)
             out = self.drafter(
@@ -142,9 +142,10 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         """A draft tree rooted at input_ids[0, -1] (the committed sequence (1, L + 1), root last), no path
         holding more than `max_depth` drafts (None: the settings' depths)."""
         with self.stats.timer("draft", self.device):
-            pool = DraftTree(root_token=int(input_ids[0, -1]))
+            committed = input_ids[0].tolist()  # (L + 1,) on the host: one read for the root and the lookup
+            pool = DraftTree(root_token=committed[-1])
             root_children, expand = self.proposers(input_ids, pool)
-            tree = grow_tree(pool, root_children, expand, self.settings, max_depth, self._lookup(input_ids[0]))
+            tree = grow_tree(pool, root_children, expand, self.settings, max_depth, self._lookup(committed))
             if self.costs is not None:
                 tree = trim_to_cost(tree, self.costs, self.acceptance)
             crop_cache(self.cache, self.committed)
@@ -154,7 +155,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         """Record a verified step, then read the accepted path: target_features (n, k * d), the target's at every
         tree node (None when generation has ended: nothing more to draft)."""
         self.stats.add_recall(self.root.in_shortlist(walk.new_tokens[0]))
-        self.stats.add_step(len(walk.new_tokens), tree.num_nodes - 1, int(tree.grafted[walk.path].sum()))
+        self.stats.add_step(len(walk.new_tokens), tree.num_nodes - 1, sum(tree.grafted_list[i] for i in walk.path))
         if self.costs is not None:
             self.acceptance.update(tree, walk.path)
         if target_features is not None:
@@ -200,13 +201,13 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             allowed[i, self.committed + known + i] = True
         return additive_mask(allowed.to(self.device), self.drafter.dtype)
 
-    def _lookup(self, input_ids: torch.Tensor) -> list[int]:
+    def _lookup(self, committed: list[int]) -> list[int]:
         """The lookup branch for the committed sequence (L,), root last ([] when off or no n-gram recurs)."""
         settings = self.settings
         if settings.lookup_num_tokens == 0:
             return []
         return find_continuation(
-            input_ids, settings.lookup_max_ngram, settings.lookup_min_ngram, settings.lookup_num_tokens
+            committed, settings.lookup_max_ngram, settings.lookup_min_ngram, settings.lookup_num_tokens
         )
 
     def _propose(
@@ -215,15 +216,12 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         """Shortlisted head on features (F, d) of nodes at `depths` -> (head output, top-k (tokens, log q), each
         (F, k)). The children of a node at depth t are draft position t, whose cluster budget is k_c(t)."""
         settings, config = self.settings, self.drafter.config
-        budget = torch.tensor(
-            [
-                config.clusters_at_depth(d, settings.draft_depth, settings.shortlist_k0, settings.shortlist_k1)
-                for d in depths
-            ],
-            device=features.device,
-        )
+        budget = [  # a host list: the head selects clusters without reading a device value
+            config.clusters_at_depth(d, settings.draft_depth, settings.shortlist_k0, settings.shortlist_k1)
+            for d in depths
+        ]
         with self.stats.timer("head", self.device):
-            head = self.drafter.bound_head.logits(features, settings.head_mode, router_logits, budget, self.context_ids)
+            head = self.drafter.bound_head.logits(features, settings.head_mode, router_logits, budget, self.context)
         self.stats.add_shortlist(head.shortlist_sizes)
         logq = torch.log_softmax(head.logits, dim=-1)  # (F, S), -inf outside each shortlist
         top = logq.topk(min(settings.draft_top_k, logq.shape[-1]), dim=-1)

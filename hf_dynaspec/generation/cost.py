@@ -25,9 +25,8 @@ with `verify_costs="auto"` on the first generate() call) or is given as a list c
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-
-import torch
 
 from .config import are_positive_costs
 from .tree import VerifyTree, close_under_ancestors, subtree
@@ -73,8 +72,8 @@ class AcceptanceTracker:
     def update(self, tree: VerifyTree, path: list[int]) -> None:
         """Count the nodes whose parent is on the accepted `path`: each was tested by the target."""
         on_path = set(path)
-        q = conditional_draft_probs(tree).tolist()
-        parents, grafted = tree.parents.tolist(), tree.grafted.tolist()
+        q = conditional_draft_probs(tree)
+        parents, grafted = tree.parent_list, tree.grafted_list
         for node in range(1, tree.num_nodes):
             if parents[node] not in on_path:
                 continue
@@ -87,17 +86,18 @@ class AcceptanceTracker:
                 self.drafted_accepted += accepted
 
 
-def conditional_draft_probs(tree: VerifyTree) -> torch.Tensor:
-    """q_i = q(path to i) / q(path to parent) for every node (n,) (1 at the root and at lookup nodes)."""
-    parent_log_q = tree.log_q[tree.parents.clamp(min=0)]  # (n,)
-    return torch.exp(tree.log_q - parent_log_q)
+def conditional_draft_probs(tree: VerifyTree) -> list[float]:
+    """q_i = q(path to i) / q(path to parent) for every node (n,) (1 at the root and at lookup nodes), on the
+    host."""
+    log_q, parents = tree.log_q_list, tree.parent_list
+    return [math.exp(log_q[i] - log_q[max(parents[i], 0)]) for i in range(len(log_q))]
 
 
 def acceptance_estimates(tree: VerifyTree, tracker: AcceptanceTracker) -> list[float]:
     """a_i = a_parent * p_i for every node (a_0 = 1); see the module docstring."""
-    q = conditional_draft_probs(tree).tolist()
-    grafted = tree.grafted.tolist()
-    parents = tree.parents.tolist()
+    q = conditional_draft_probs(tree)
+    grafted = tree.grafted_list
+    parents = tree.parent_list
     kappa, rho = tracker.kappa, tracker.rho
     a = [1.0] * tree.num_nodes
     for node in range(1, tree.num_nodes):  # parents precede children
@@ -109,7 +109,7 @@ def acceptance_estimates(tree: VerifyTree, tracker: AcceptanceTracker) -> list[f
 def trim_to_cost(tree: VerifyTree, costs: VerifyCosts, tracker: AcceptanceTracker) -> VerifyTree:
     """The subtree of the best-ranked m* nodes (module docstring): the most expected tokens per unit of cost."""
     a = acceptance_estimates(tree, tracker)
-    depths = tree.depths.tolist()
+    depths = tree.depth_list
     ranked = sorted(range(1, tree.num_nodes), key=lambda i: (-a[i], depths[i], i))  # a parent ties first
     best_m, best_rate, expected = 0, 1.0 / costs(1), 1.0
     for m, node in enumerate(ranked, start=1):
@@ -117,5 +117,5 @@ def trim_to_cost(tree: VerifyTree, costs: VerifyCosts, tracker: AcceptanceTracke
         rate = expected / costs(m + 1)  # expected tokens per decoding step of cost
         if rate > best_rate:
             best_m, best_rate = m, rate
-    keep = close_under_ancestors(tree.parents.tolist(), ranked[:best_m])
+    keep = close_under_ancestors(tree.parent_list, ranked[:best_m])
     return subtree(tree, [0, *keep])

@@ -195,6 +195,7 @@ def strip_left_padding(
 
 
 def build_output(run: _Run) -> DynaSpecGenerateOutput | torch.LongTensor:
+    run.stats.settle()
     sequences = run.full_ids()
     config = run.generation_config
     if not config.return_dict_in_generate:

@@ -13,23 +13,28 @@ stays exact (verification never trusts a draft, whatever proposed it).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 
-def find_continuation(ids: torch.Tensor, max_ngram: int, min_ngram: int, num_tokens: int) -> list[int]:
+def find_continuation(ids: Sequence[int] | torch.Tensor, max_ngram: int, min_ngram: int, num_tokens: int) -> list[int]:
     """Tokens that followed the latest earlier occurrence of the longest suffix n-gram of `ids` (L,).
 
     For n = max_ngram .. min_ngram: the suffix s = ids[L-n:]; a match is a start i < L - n with
     ids[i : i+n] == s; the latest match wins (recent text predicts a repeating answer best) and its
     continuation ids[i+n : i+n+num_tokens] is returned (it may run into the suffix itself: a repeating
-    pattern continues). [] when no n-gram of those sizes occurred before or num_tokens is 0.
+    pattern continues). [] when no n-gram of those sizes occurred before or num_tokens is 0. The search runs
+    on the host (numpy): a tensor argument is read once.
     """
-    length = ids.numel()
+    ids = np.asarray(ids.tolist() if torch.is_tensor(ids) else ids, dtype=np.int64)  # (L,)
+    length = ids.size
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         suffix = ids[length - n :]  # (n,)
-        windows = ids[: length - 1].unfold(0, n, 1)  # (L - n, n): starts 0 .. L-n-1, each has a successor
-        starts = (windows == suffix).all(dim=1).nonzero()
-        if starts.numel():
+        windows = np.lib.stride_tricks.sliding_window_view(ids[: length - 1], n)  # (L - n, n) starts 0 .. L-n-1
+        starts = np.flatnonzero((windows == suffix).all(axis=1))
+        if starts.size:
             start = int(starts[-1]) + n
             return ids[start : start + num_tokens].tolist()
     return []

@@ -23,6 +23,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 # over newly accepted tokens (and the head at the new root); "router" and "head": their parts of both;
 # "verify": the target's forward over the tree and the walk; "prefill": the target over the prompt.
 SECTIONS = ("prefill", "draft", "router", "head", "extend", "verify")
+NOT_SUMMED = ("seconds", "synchronize", "_pending_shortlist")
 
 
 @dataclass
@@ -43,6 +44,8 @@ class SpeculativeStats:
     lookup_tokens: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     synchronize: bool = False  # CUDA: synchronise around timed sections (not a statistic; not merged or saved)
+    # shortlist sizes summed on their device, not yet read (`settle`): drafting never waits for them
+    _pending_shortlist: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     # ----------------------------------------------------------------- recording
     @contextmanager
@@ -68,8 +71,17 @@ class SpeculativeStats:
         self.lookup_tokens += lookup_tokens
 
     def add_shortlist(self, sizes: torch.Tensor) -> None:
-        self.shortlist_total += int(sizes.sum())
-        self.shortlist_positions += int(sizes.numel())
+        """Shortlist sizes (T,) of T drafted positions, summed where they are: read once, by `settle`."""
+        self.shortlist_positions += sizes.numel()
+        total = sizes.sum()
+        self._pending_shortlist = total if self._pending_shortlist is None else self._pending_shortlist + total
+
+    def settle(self) -> SpeculativeStats:
+        """Fold the sums still on the device into the fields (one read); every reader calls it."""
+        if self._pending_shortlist is not None:
+            self.shortlist_total += int(self._pending_shortlist)
+            self._pending_shortlist = None
+        return self
 
     def add_recall(self, hit: bool) -> None:
         self.recall_hits += int(hit)
@@ -78,8 +90,9 @@ class SpeculativeStats:
     # ----------------------------------------------------------------- merging and records
     def merge(self, other: SpeculativeStats) -> SpeculativeStats:
         """The statistics of both runs together (a new object)."""
+        self.settle(), other.settle()
         merged = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self) if f.name not in
-                  ("seconds", "synchronize")}
+                  NOT_SUMMED}
         seconds = dict(self.seconds)
         for name, value in other.seconds.items():
             seconds[name] = seconds.get(name, 0.0) + value
@@ -93,8 +106,9 @@ class SpeculativeStats:
         return total
 
     def to_dict(self) -> dict:
-        out = asdict(self)
+        out = asdict(self.settle())
         out.pop("synchronize")
+        out.pop("_pending_shortlist")
         return out
 
     @classmethod
@@ -114,7 +128,7 @@ class SpeculativeStats:
 
     @property
     def mean_shortlist_size(self) -> float:
-        return self.shortlist_total / max(1, self.shortlist_positions)
+        return self.settle().shortlist_total / max(1, self.shortlist_positions)
 
     @property
     def shortlist_recall(self) -> float:

@@ -60,10 +60,12 @@ class DraftTree:
         self, nodes: list[int], tokens: torch.Tensor, logp: torch.Tensor, min_score: float = float("-inf")
     ) -> list[int]:
         """Add each node's proposals (F, k); skip impossible ones (-inf: outside the shortlist) and those whose
-        path log-probability falls below `min_score` (the `min_draft_prob` floor)."""
+        path log-probability falls below `min_score` (the `min_draft_prob` floor). The proposals are read on
+        the host in one transfer (token ids are exact in float64)."""
+        token_rows, logp_rows = torch.stack([tokens.to(torch.float64), logp.to(torch.float64)]).tolist()
         added = []
-        for row, parent in enumerate(nodes):
-            for token, lp in zip(tokens[row].tolist(), logp[row].tolist()):
+        for parent, token_row, logp_row in zip(nodes, token_rows, logp_rows):
+            for token, lp in zip(token_row, logp_row):
                 log_q = self.log_q[parent] + lp
                 if lp != float("-inf") and log_q >= min_score:
                     added.append(self.add(token, parent, log_q))
@@ -91,17 +93,23 @@ class VerifyTree:
     children: list[list[int]]
     log_q: torch.Tensor
     grafted: torch.Tensor
+    # the same columns on the host (drafting and the walk read these, never the tensors)
+    token_list: list[int] = field(default_factory=list)
+    parent_list: list[int] = field(default_factory=list)
+    depth_list: list[int] = field(default_factory=list)
+    log_q_list: list[float] = field(default_factory=list)
+    grafted_list: list[bool] = field(default_factory=list)
 
     @property
     def num_nodes(self) -> int:
-        return int(self.tokens.numel())
+        return len(self.token_list)
 
     def path_to(self, node: int) -> list[int]:
         """Root-to-node indices, root included."""
         path = []
         while node >= 0:
             path.append(node)
-            node = int(self.parents[node])
+            node = self.parent_list[node]
         return path[::-1]
 
 
@@ -226,8 +234,8 @@ def compact(tree: DraftTree, selected: list[int]) -> VerifyTree:
 
 def subtree(tree: VerifyTree, keep: Sequence[int]) -> VerifyTree:
     """The nodes `keep` of a verify tree (root included, closed under ancestors) in their order."""
-    columns = (tree.tokens, tree.parents, tree.depths, tree.log_q, tree.grafted)
-    return _renumber(sorted(keep), *(c.tolist() for c in columns))
+    columns = (tree.token_list, tree.parent_list, tree.depth_list, tree.log_q_list, tree.grafted_list)
+    return _renumber(sorted(keep), *columns)
 
 
 def _renumber(
@@ -250,12 +258,20 @@ def _renumber(
         if p >= 0:
             ancestor[i] |= ancestor[p]
             children[p].append(i)  # in `order`: children keep their relative order
+    host = dict(
+        token_list=[int(tokens[m]) for m in order],
+        parent_list=new_parents,
+        depth_list=[int(depths[m]) for m in order],
+        log_q_list=[float(log_q[m]) for m in order],
+        grafted_list=[bool(grafted[m]) for m in order],
+    )
     return VerifyTree(
-        tokens=torch.tensor([tokens[m] for m in order], dtype=torch.long),
+        tokens=torch.tensor(host["token_list"], dtype=torch.long),
         parents=torch.tensor(new_parents, dtype=torch.long),
-        depths=torch.tensor([depths[m] for m in order], dtype=torch.long),
+        depths=torch.tensor(host["depth_list"], dtype=torch.long),
         ancestor=ancestor,
         children=children,
-        log_q=torch.tensor([log_q[m] for m in order], dtype=torch.float64),
-        grafted=torch.tensor([bool(grafted[m]) for m in order], dtype=torch.bool),
+        log_q=torch.tensor(host["log_q_list"], dtype=torch.float64),
+        grafted=torch.tensor(host["grafted_list"], dtype=torch.bool),
+        **host,
     )

@@ -53,10 +53,17 @@ class NodeLogits:
     rows: dict[int, torch.Tensor]
     transform: LogitTransform = LogitTransform()
 
+    full: torch.Tensor | None = None  # (n, V) when every row was computed in the verification pass
+
     @classmethod
     def from_tensor(cls, logits: torch.Tensor) -> NodeLogits:
         """Every row known: logits (n, V)."""
-        return cls(hidden=None, head=None, rows={i: logits[i : i + 1].float() for i in range(logits.shape[0])})
+        rows = {i: logits[i : i + 1].float() for i in range(logits.shape[0])}
+        return cls(hidden=None, head=None, rows=rows, full=logits)
+
+    def argmax_all(self) -> list[int] | None:
+        """Every node's argmax, read on the host in one transfer (None when rows are made on demand)."""
+        return None if self.full is None else self.full.argmax(dim=-1).tolist()
 
     def row(self, node: int) -> torch.Tensor:
         if node not in self.rows:
@@ -150,10 +157,15 @@ def walk_tree(
     """
     if isinstance(logits, torch.Tensor):
         logits = NodeLogits.from_tensor(logits)
+    if not do_sample and not len(logits_processor) and not keep_scores:
+        choices = logits.argmax_all()  # plain greedy: every node's pick in one host read
+        if choices is not None:
+            return _greedy_walk(tree, choices)
     result = WalkResult(path=[0], new_tokens=[])
     node = 0
     while True:
-        path_tokens = tree.tokens[result.path[1:]].to(input_ids.device)
+        path_tokens = torch.tensor([tree.token_list[i] for i in result.path[1:]], dtype=torch.long,
+                                   device=input_ids.device)
         prefix = torch.cat([input_ids, path_tokens[None]], dim=-1)  # (1, L + 1 + depth)
         raw = logits.row(node)  # (1, V)
         scores = logits_processor(prefix, raw.clone()) if len(logits_processor) else raw
@@ -161,7 +173,7 @@ def walk_tree(
             result.scores.append(scores)
             result.logits.append(raw)
         children = tree.children[node]
-        child_tokens = [int(tree.tokens[c]) for c in children]
+        child_tokens = [tree.token_list[c] for c in children]
         if do_sample:
             token = _sample_child(scores[0], child_tokens)
         else:
@@ -170,6 +182,20 @@ def walk_tree(
         if token not in child_tokens:
             return result
         node = children[child_tokens.index(token)]
+        result.path.append(node)
+
+
+def _greedy_walk(tree: VerifyTree, choices: list[int]) -> WalkResult:
+    """The greedy walk from each node's target argmax `choices` (n,): follow the child drafting it."""
+    result = WalkResult(path=[0], new_tokens=[])
+    node = 0
+    while True:
+        token = choices[node]
+        result.new_tokens.append(token)
+        match = [c for c in tree.children[node] if tree.token_list[c] == token]
+        if not match:
+            return result
+        node = match[0]
         result.path.append(node)
 
 

@@ -1,0 +1,46 @@
+"""Host synchronisations per decoding step are bounded by the draft depth and the tokens emitted, never by the
+number of tree nodes (on CUDA each one waits for the GPU; counted on CPU by `HostSyncCounter`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import greedy, prompt, tiny_drafter
+
+from hf_dynaspec import DynaSpecGenerationConfig
+from hf_dynaspec.generation import decoding
+from hf_dynaspec.generation.syncs import HostSyncCounter
+
+
+def test_counter_sees_every_kind_of_host_read():
+    t = torch.arange(6)
+    with HostSyncCounter() as counter:
+        int(t[1]), bool(t[2] > 1), float(t[3]), t.tolist(), t[0].item(), t.nonzero(), [0, 1, 2][t[1]]
+    assert counter.total == 7
+    assert set(counter.counts) == {"__int__", "__bool__", "__float__", "tolist", "item", "nonzero", "__index__"}
+
+
+@pytest.mark.parametrize("head_mode", ["dynamic", "union", "full"])
+@pytest.mark.parametrize(("nodes", "depth"), [(8, 3), (64, 6)])
+def test_syncs_per_step_do_not_grow_with_the_tree(target, monkeypatch, head_mode, nodes, depth):
+    drafter = tiny_drafter(target)
+    steps: list[tuple[int, int]] = []  # (host reads, tokens emitted) per step
+    original = decoding.speculative_step
+
+    def counted(target_, generator, run):
+        before = run.input_ids.shape[1]
+        with HostSyncCounter() as counter:
+            original(target_, generator, run)
+        steps.append((counter.total, run.input_ids.shape[1] - before))
+
+    monkeypatch.setattr(decoding, "speculative_step", counted)
+    ids = prompt(8)
+    config = DynaSpecGenerationConfig(num_draft_nodes=nodes, draft_depth=depth, draft_top_k=4, head_mode=head_mode,
+                                      lookup_num_tokens=3, max_new_tokens=30, do_sample=False)
+    out = target.generate(ids, generation_config=config, assistant_model=drafter)
+    assert torch.equal(out, greedy(target, ids, max_new_tokens=30))
+    assert len(steps) > 3
+    for reads, emitted in steps:
+        # per expansion (<= depth, the root's included): the head's cluster union and the proposals; per
+        # emitted token: the stopping criteria and the walk's pick; per step: the committed ids, the recall
+        assert reads <= 2 * (depth + 1) + 2 * emitted + 2, steps
