@@ -192,29 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     feats.set_defaults(func=cmd_features)
 
     train = sub.add_parser("train", help="train a drafter on a dataset made by `distill` (resumable)")
-    _add_target(train)
-    train.add_argument("--drafter", required=True, help="drafter folder to start from (see `init`)")
-    train.add_argument("--data", action="append", required=True,
-                       help="dataset folder made by `distill`; may be repeated (each is split on its own)")
-    train.add_argument("--ckpt-dir", required=True, help="checkpoints; an existing one is resumed")
-    train.add_argument("--steps", type=int, default=1000, help="total steps (a resumed run continues)")
-    train.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
-    train.add_argument("--batch-size", type=int, default=8, help="sequences per step")
-    train.add_argument("--seq-len", type=int, default=256, help="tokens per training window")
-    train.add_argument("--unroll", type=int, default=1,
-                       help="draft steps trained per position on the drafter's own features (2-3: better depth >= 2)")
-    train.add_argument("--bf16", action="store_true",
-                       help="bf16 autocast for forward and loss (fast on CPUs with bf16 matrix units)")
-    train.add_argument("--eval-every", type=int, default=0,
-                       help="record held-out top-1 at depths 1-3 every N steps (learning curve in trainer_state.json)")
-    train.add_argument("--loss-weights", type=float, nargs=3, default=None, metavar=("REGRESSION", "CE", "ROUTER"),
-                       help="weights of the feature regression, the CE to the target and the router loss "
-                            "(default 1 0.5 0.2)")
-    train.add_argument("--head-positions", type=int, default=256,
-                       help="positions per draft step whose full-vocabulary logits enter the CE loss")
-    train.add_argument("--no-resume", action="store_true", help="start over instead of resuming from --ckpt-dir")
-    train.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    train.set_defaults(func=cmd_train)
+    _add_train_args(train)
+    train.set_defaults(func=cmd_train, router_only=False)
+    fit = sub.add_parser("router-fit", help="train only the router (e.g. of an imported EAGLE-3 drafter), minutes")
+    _add_train_args(fit)
+    fit.set_defaults(func=cmd_train, router_only=True, steps=300, unroll=1)
     return parser
 
 
@@ -251,6 +233,31 @@ def _add_target(parser: argparse.ArgumentParser) -> None:
                         help="where the target (and the drafter, which follows it) runs, e.g. cuda, cuda:1, cpu")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                         help="the target's weights (GPU users: bfloat16)")
+
+
+def _add_train_args(parser: argparse.ArgumentParser) -> None:
+    _add_target(parser)
+    parser.add_argument("--drafter", required=True, help="drafter folder to start from (see `init`)")
+    parser.add_argument("--data", action="append", required=True,
+                       help="dataset folder made by `distill`; may be repeated (each is split on its own)")
+    parser.add_argument("--ckpt-dir", required=True, help="checkpoints; an existing one is resumed")
+    parser.add_argument("--steps", type=int, default=1000, help="total steps (a resumed run continues)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    parser.add_argument("--seq-len", type=int, default=256, help="tokens per training window")
+    parser.add_argument("--unroll", type=int, default=1,
+                       help="draft steps trained per position on the drafter's own features (2-3: better depth >= 2)")
+    parser.add_argument("--bf16", action="store_true",
+                       help="bf16 autocast for forward and loss (fast on CPUs with bf16 matrix units)")
+    parser.add_argument("--eval-every", type=int, default=0,
+                       help="record held-out top-1 at depths 1-3 every N steps (learning curve in trainer_state.json)")
+    parser.add_argument("--loss-weights", type=float, nargs=3, default=None, metavar=("REGRESSION", "CE", "ROUTER"),
+                       help="weights of the feature regression, the CE to the target and the router loss "
+                            "(default 1 0.5 0.2)")
+    parser.add_argument("--head-positions", type=int, default=256,
+                       help="positions per draft step whose full-vocabulary logits enter the CE loss")
+    parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming from --ckpt-dir")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
 
 
 def _add_speculative(parser: argparse.ArgumentParser) -> None:
@@ -458,7 +465,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                            args.ckpt_dir, resume=not args.no_resume, unroll=args.unroll,
                            autocast_dtype=torch.bfloat16 if args.bf16 else None, eval_every=args.eval_every,
                            weights=LossWeights(*args.loss_weights) if args.loss_weights else None,
-                           head_positions=args.head_positions)
+                           head_positions=args.head_positions, router_only=args.router_only)
     ev = result["eval"]
     recall = ", ".join(f"k={k}: {v:.2f}" for k, v in ev["router_recall"].items())
     depths = " / ".join(f"{v:.3f}" for v in ev["top1_at_depth"])

@@ -271,3 +271,25 @@ def test_bf16_autocast_training_records_a_learning_curve_across_resumes(tiny, ea
     assert [p["step"] for p in resumed["curve"]] == [4, 8, 12] and resumed["curve"][2]["positions_seen"] > seen[1]
     state = json.loads((tmp_path / "ckpt" / "trainer_state.json").read_text())
     assert state["curve"] == resumed["curve"]
+
+
+def test_router_only_training_changes_the_router_alone(tiny, eagle3_dataset, tmp_path):
+    target, _ = tiny
+    torch.manual_seed(0)
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8)
+    before = {name: p.detach().clone() for name, p in drafter.named_parameters()}
+    result = train_drafter(drafter, target, eagle3_dataset, steps=12, lr=1e-2, batch_size=2, seq_len=16,
+                           ckpt_dir=tmp_path / "ckpt", heldout_fraction=0.25, progress=False, router_only=True)
+    for name, p in drafter.named_parameters():
+        assert torch.equal(p, before[name]) != name.startswith("router."), name
+    assert sum(result["losses"][-3:]) < sum(result["losses"][:3])  # the loss is the router's BCE alone
+
+
+def test_cli_router_fit(tiny, eagle3_dataset, tmp_path, capsys):
+    from hf_dynaspec.cli import main
+
+    drafter = tmp_path / "drafter"
+    assert main(["init", "--target", "tiny", "--num-clusters", "8", "--out", str(drafter)]) == 0
+    assert main(["router-fit", "--target", "tiny", "--drafter", str(drafter), "--data", str(eagle3_dataset),
+                 "--ckpt-dir", str(tmp_path / "fit"), "--steps", "2", "--batch-size", "2", "--seq-len", "8"]) == 0
+    assert "trained to step 2" in capsys.readouterr().out

@@ -312,6 +312,7 @@ def train_drafter(
     autocast_dtype: torch.dtype | None = None,
     eval_every: int = 0,
     eval_positions: int = 2048,
+    router_only: bool = False,
 ) -> dict[str, Any]:
     """Train `drafter` (bound to `target`) for `steps` steps in all (a resumed run continues from the saved
     step up to `steps`). `data_dir`: one dataset folder or several (each split into train / held-out on its
@@ -320,7 +321,8 @@ def train_drafter(
     weighted by `unroll_decay ** (s - 1)`. `autocast_dtype` (torch.bfloat16) runs forward and loss under CPU /
     CUDA autocast (weights and optimizer stay fp32). `eval_every` > 0 records a learning curve: held-out top-1 at
     depths 1..max(unroll, 3) every that many steps, against steps and training positions seen, kept in
-    `trainer_state.json` ("curve") across resumes. Returns {"step", "losses" (this call's per-step totals),
+    `trainer_state.json` ("curve") across resumes. `router_only` trains the router alone (its loss only, every
+    other parameter frozen): for a drafter whose layer was trained elsewhere (an imported EAGLE-3 checkpoint). Returns {"step", "losses" (this call's per-step totals),
     "start_step", "tokens_per_s", "curve", "eval": evaluate_drafter(...) on the held-out conversations}."""
     weights = weights or LossWeights()
     warmup = max(1, steps // 20) if warmup is None else warmup
@@ -330,7 +332,11 @@ def train_drafter(
     train, heldout = load_split(data_dir, heldout_fraction, seed)
     check_data_layers(train, drafter.config.feature_layer_ids)
     ckpt = Path(ckpt_dir)
-    params = list(drafter.parameters())
+    if router_only:
+        weights = LossWeights(regression=0.0, ce=0.0, router=1.0)
+        drafter.requires_grad_(False)
+        drafter.router.requires_grad_(True)
+    params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
     saved = load_checkpoint(ckpt, drafter, optimizer) if resume else None
     start = int(saved["step"]) if saved else 0
