@@ -277,6 +277,9 @@ def _add_speculative(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify-costs", type=verify_costs_arg, default=None,
                         help="trim trees to what verification pays for: off, auto, or c(1),c(2),... "
                              "(cost of a target forward over 1, 2, ... tokens)")
+    parser.add_argument("--draft-gate", action=argparse.BooleanOptionalAction, default=None,
+                        help="decode plainly for a while whenever drafted steps emit tokens more slowly than plain "
+                             "ones (default: the drafter's generation_config.json)")
     parser.add_argument("--synchronize-timers", action="store_true", default=None,
                         help="CUDA: synchronise around timed sections (times measure work, not launches)")
 

@@ -143,11 +143,11 @@ def speculative_greedy(case: Case) -> tuple[torch.Tensor, list[str]]:
     problems: list[str] = []
     original_step, original_walk = decoding.speculative_step, decoding.walk_tree
 
-    def step_spy(target_, generator, run) -> None:
-        original_step(target_, generator, run)
+    def step_spy(target_, generator, run, *rest) -> None:
+        original_step(target_, generator, run, *rest)
         cache_len, seq_len = run.cache.get_seq_length(), run.input_ids.shape[1]
-        if not run.finished and not cache_len == seq_len - 1 == generator.committed:
-            problems.append(f"cache lengths target={cache_len} drafter={generator.committed} sequence={seq_len}")
+        if not run.finished and not cache_len == seq_len - 1 == generator.read_length:
+            problems.append(f"cache lengths target={cache_len} drafter={generator.read_length} sequence={seq_len}")
 
     def walk_spy(tree, *args, **kwargs) -> WalkResult:
         result = original_walk(tree, *args, **kwargs)

@@ -118,9 +118,9 @@ def test_target_cache_holds_prompt_plus_accepted(target, drafter, monkeypatch):
     lengths = []
     original = decoding.speculative_step
 
-    def spy(target_, generator, run):
-        original(target_, generator, run)
-        lengths.append((run.cache.get_seq_length(), run.input_ids.shape[1], generator.committed, run.finished))
+    def spy(target_, generator, run, *rest):
+        original(target_, generator, run, *rest)
+        lengths.append((run.cache.get_seq_length(), run.input_ids.shape[1], generator.read_length, run.finished))
 
     monkeypatch.setattr(decoding, "speculative_step", spy)
     ids = prompt(6, seed=9)

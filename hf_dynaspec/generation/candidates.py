@@ -37,7 +37,7 @@ from .config import DraftSettings, resolve_draft_settings
 from .cost import AcceptanceTracker, VerifyCosts, trim_to_cost
 from .lookup import find_continuation
 from .stats import SpeculativeStats
-from .tree import DraftTree, Expand, Proposals, VerifyTree, depth_limits, grow_tree
+from .tree import DraftTree, Expand, Proposals, VerifyTree, compact, depth_limits, grow_tree
 from .verify import WalkResult, crop_cache
 
 if TYPE_CHECKING:
@@ -88,6 +88,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         self.in_context = torch.zeros(drafter.config.vocab_size, dtype=torch.bool, device=self.device)  # (V,)
         self.context: ContextColumns | None = None  # the head's columns for them, refreshed by each `extend`
         self.root: RootProposal | None = None
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # accepted (features, tokens) not read yet
         self._chain_length: int | None = None  # drafts of the last `get_candidates` (None: nothing drafted)
 
     @classmethod
@@ -141,6 +142,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
     def draft(self, input_ids: torch.LongTensor, max_depth: int | None = None) -> VerifyTree:
         """A draft tree rooted at input_ids[0, -1] (the committed sequence (1, L + 1), root last), no path
         holding more than `max_depth` drafts (None: the settings' depths)."""
+        self.catch_up()
         with self.stats.timer("draft", self.device):
             committed = input_ids[0].tolist()  # (L + 1,) on the host: one read for the root and the lookup
             pool = DraftTree(root_token=committed[-1])
@@ -151,16 +153,40 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             crop_cache(self.cache, self.committed)
         return tree
 
-    def accept(self, tree: VerifyTree, walk: WalkResult, target_features: torch.Tensor | None) -> None:
-        """Record a verified step, then read the accepted path: target_features (n, k * d), the target's at every
-        tree node (None when generation has ended: nothing more to draft)."""
-        self.stats.add_recall(self.root.in_shortlist(walk.new_tokens[0]))
+    def accept(
+        self, tree: VerifyTree, walk: WalkResult, target_features: torch.Tensor | None, drafted: bool = True
+    ) -> None:
+        """Record a verified step and keep the accepted path for the drafter: target_features (n, k * d), the
+        target's at every tree node (None when generation has ended: nothing more to draft). `drafted=False`:
+        a plain step (the root alone, `root_tree`). The drafter reads the path when it next drafts
+        (`catch_up`), so plain steps in a row cost it nothing and are read in one batched call."""
+        if drafted:
+            self.stats.add_recall(self.root.in_shortlist(walk.new_tokens[0]))
+        else:
+            self.stats.gated_steps += 1
         self.stats.add_step(len(walk.new_tokens), tree.num_nodes - 1, sum(tree.grafted_list[i] for i in walk.path))
-        if self.costs is not None:
+        if self.costs is not None and drafted:
             self.acceptance.update(tree, walk.path)
         if target_features is not None:
             new_tokens = torch.tensor(walk.new_tokens, device=target_features.device)
-            self.extend(target_features[walk.path], new_tokens)
+            self.pending.append((target_features[walk.path], new_tokens))
+
+    @property
+    def read_length(self) -> int:
+        """Committed positions the drafter has read or holds to read (`pending`): the target cache's length."""
+        return self.committed + sum(tokens.numel() for _, tokens in self.pending)
+
+    def catch_up(self) -> None:
+        """Extend the drafter with every accepted path not read yet (one call)."""
+        if self.pending:
+            features, tokens = (torch.cat(parts) for parts in zip(*self.pending))
+            self.pending = []
+            self.extend(features, tokens)
+
+    @staticmethod
+    def root_tree(root_token: int) -> VerifyTree:
+        """The tree of a plain step: the root alone (the target picks the next token itself)."""
+        return compact(DraftTree(root_token=root_token), [0])
 
     def proposers(self, input_ids: torch.LongTensor, pool: DraftTree) -> tuple[Proposals, Expand]:
         """The root's children and the expand function of one tree (its drafting state lives in the closure)."""

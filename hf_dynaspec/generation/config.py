@@ -33,13 +33,14 @@ SPEC_FIELDS = (
     "lookup_max_ngram",
     "lookup_min_ngram",
     "verify_costs",
+    "draft_gate",
     "synchronize_timers",
 )
 # Default tree for CPUs (small: verification of many nodes is costly there; see docs/architecture.md).
 DEFAULT_SETTINGS = dict(
     tree_policy="eagle2", num_draft_nodes=12, draft_depth=5, draft_top_k=4, head_mode="dynamic", min_draft_prob=0.0,
     lookup_num_tokens=8, lookup_max_ngram=3, lookup_min_ngram=1, verify_costs="off",
-    synchronize_timers=False,
+    draft_gate=False, synchronize_timers=False,
 )
 MAX_VERIFY_COSTS = 1025  # c(1..n) for every tree the budget allows (1 + 1024 nodes)
 
@@ -69,6 +70,9 @@ class DynaSpecGenerationConfig(GenerationConfig):
         verify_costs (`str` or `list[float]`): trim each tree to the nodes worth their verification cost
             (`generation.cost`): "off", "auto" (time the target's forwards once, on the first call), or the
             costs c(1), c(2), ... of a target forward over 1, 2, ... tokens, in decoding steps.
+        draft_gate (`bool`): draft only where it pays: when drafted steps emit tokens more slowly than plain
+            steps of the same call, decode plainly for a while (backing off exponentially) and try again
+            (`generation.gate`); output is unchanged either way.
         synchronize_timers (`bool`): on CUDA, synchronise around each timed section of `speculative_stats`
             so its times measure work rather than kernel launches (slows decoding; for profiling).
     """
@@ -87,6 +91,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         lookup_max_ngram: int | None = None,
         lookup_min_ngram: int | None = None,
         verify_costs: str | list[float] | None = None,
+        draft_gate: bool | None = None,
         synchronize_timers: bool | None = None,
         **kwargs: Any,
     ) -> None:
@@ -102,6 +107,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         self.lookup_max_ngram = lookup_max_ngram
         self.lookup_min_ngram = lookup_min_ngram
         self.verify_costs = list(verify_costs) if isinstance(verify_costs, tuple) else verify_costs
+        self.draft_gate = draft_gate
         self.synchronize_timers = synchronize_timers
         super().__init__(**kwargs)
 
@@ -140,6 +146,7 @@ class DraftSettings:
     lookup_max_ngram: int
     lookup_min_ngram: int
     verify_costs: str | tuple[float, ...]
+    draft_gate: bool
     synchronize_timers: bool
 
 
@@ -159,8 +166,8 @@ def check_speculative_fields(fields: dict[str, Any]) -> None:
     for name, value in fields.items():
         if name == "verify_costs":
             check_verify_costs(value)
-        if name == "synchronize_timers" and not isinstance(value, bool):
-            raise ValueError(f"DynaSpecGenerationConfig.synchronize_timers must be True or False, got {value!r}.")
+        if name in ("synchronize_timers", "draft_gate") and not isinstance(value, bool):
+            raise ValueError(f"DynaSpecGenerationConfig.{name} must be True or False, got {value!r}.")
         if name == "min_draft_prob" and (isinstance(value, bool) or not isinstance(value, (int, float))
                                          or not 0.0 <= value < 1.0):
             raise ValueError(f"DynaSpecGenerationConfig.min_draft_prob must be a number in [0, 1), got {value!r}.")

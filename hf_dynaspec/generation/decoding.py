@@ -15,6 +15,7 @@ where plain decoding would, even inside an accepted path.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +27,7 @@ from ..modeling import DynaSpecDrafter
 from .calibration import verify_costs_for
 from .candidates import DynaSpecCandidateGenerator
 from .config import resolve_draft_settings
+from .gate import DraftGate
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
 from .verify import head_reproduces_logits, keep_accepted, select_hidden_states, verify_forward, walk_tree
 
@@ -109,8 +111,9 @@ def speculative_decode(
             costs = verify_costs_for(settings, target, walk_logits=run.walk_logits)
             generator = DynaSpecCandidateGenerator(drafter, settings, run.stats, costs)
             generator.extend(features, next_tokens)
+            gate = DraftGate() if settings.draft_gate else None
             while not run.finished:
-                speculative_step(target, generator, run)
+                speculative_step(target, generator, run, gate)
     if streamer is not None:
         streamer.end()
     return build_output(run)
@@ -137,20 +140,30 @@ def prefill(target: torch.nn.Module, run: _Run, feature_layers: list[int]) -> tu
     return features, torch.cat([prompt[0, 1:], prompt.new_tensor([token])])  # (L, k * d), (L,) x_{i+1}
 
 
-def speculative_step(target: torch.nn.Module, generator: DynaSpecCandidateGenerator, run: _Run) -> None:
-    """Draft a tree, verify it in one target forward, emit the accepted tokens and update both caches."""
+def speculative_step(
+    target: torch.nn.Module, generator: DynaSpecCandidateGenerator, run: _Run, gate: DraftGate | None = None
+) -> None:
+    """Draft a tree (or, when `gate` says drafting does not pay, take the root alone), verify it in one target
+    forward, emit the accepted tokens and update both caches."""
+    start = time.perf_counter()
     past_length = run.input_ids.shape[1] - 1  # the root (last token) is not in the target cache yet
     tokens_left = run.generation_config.max_length - run.full_ids().shape[1]
-    tree = generator.draft(run.input_ids, max_depth=tokens_left - 1)  # room for the bonus token
+    drafted = gate is None or gate.draft_next()
+    if drafted:
+        tree = generator.draft(run.input_ids, max_depth=tokens_left - 1)  # room for the bonus token
+    else:
+        tree = generator.root_tree(int(run.input_ids[0, -1]))
     with run.stats.timer("verify", target.device):
         logits, features = verify_forward(target, run.cache, tree, past_length, run.walk_logits,
                                           generator.feature_layers)
         walk = walk_tree(
             tree, logits, run.full_ids(), run.logits_processor, run.generation_config.do_sample, run.keep_scores
         )
-    run.emit(walk.new_tokens, walk.scores, walk.logits)
+    emitted = run.emit(walk.new_tokens, walk.scores, walk.logits)
     keep_accepted(run.cache, past_length, walk.path)
-    generator.accept(tree, walk, None if run.finished else features)
+    generator.accept(tree, walk, None if run.finished else features, drafted)
+    if gate is not None:
+        gate.record(drafted, time.perf_counter() - start, emitted)
 
 
 def choose_token(scores: torch.Tensor, do_sample: bool) -> int:

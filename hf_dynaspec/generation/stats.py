@@ -32,7 +32,8 @@ class SpeculativeStats:
     token each); tree_nodes: draft nodes verified (root excluded); shortlist_total / shortlist_positions:
     shortlist sizes summed over drafted positions / those positions; recall_hits / recall_checks: steps whose
     first token (the target's own choice after the root) lay in the root's shortlist / steps checked;
-    lookup_tokens: accepted drafts that came from the lookup branch; seconds: wall time per section."""
+    lookup_tokens: accepted drafts that came from the lookup branch; gated_steps: steps decoded plainly because
+    drafting did not pay (`draft_gate`); seconds: wall time per section."""
 
     steps: int = 0
     accepted_tokens: int = 0
@@ -42,6 +43,7 @@ class SpeculativeStats:
     recall_hits: int = 0
     recall_checks: int = 0
     lookup_tokens: int = 0
+    gated_steps: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     synchronize: bool = False  # CUDA: synchronise around timed sections (not a statistic; not merged or saved)
     # shortlist sizes summed on their device, not yet read (`settle`): drafting never waits for them
@@ -150,6 +152,7 @@ class SpeculativeStats:
             "mean_shortlist_size": self.mean_shortlist_size,
             "shortlist_recall": self.shortlist_recall,
             "lookup_tokens": self.lookup_tokens,
+            "gated_steps": self.gated_steps,
             "mean_tree_size": self.mean_tree_size,
             **{f"{name}_time_s": self.time(name) for name in SECTIONS},
         }
