@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from hf_dynaspec.cpu import prepare_for_cpu
-from hf_dynaspec.generation.cost import time_forward
+from hf_dynaspec.generation.calibration import measure_walk_rows, time_forward
 from hf_dynaspec.targets import load_target
 
 
@@ -39,7 +39,7 @@ def main() -> None:
         target(input_ids=torch.randint(0, target.config.vocab_size, (1, args.context)), cache=cache, use_cache=True)
     sizes = range(1, args.max_nodes + 1)
     loaded = [time_forward(target, cache, args.context, n, args.repeats) for n in sizes]
-    walk = [time_forward(target, cache, args.context, n, args.repeats, walk_logits=True) for n in sizes]
+    walk = [time_forward(target, cache, args.context, n, args.repeats, walk_rows=measure_walk_rows(target)) for n in sizes]
     prepare_for_cpu(target)
     relaid = [time_forward(target, cache, args.context, n, args.repeats) for n in sizes]
     print(f"target {args.target}, context {args.context}, {torch.get_num_threads()} threads, {target.dtype}")

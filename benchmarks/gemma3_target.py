@@ -23,7 +23,7 @@ from transformers import DynamicCache
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.bench import load_bench_prompts, machine_description
-from hf_dynaspec.generation.calibration import time_forward
+from hf_dynaspec.generation.calibration import measure_walk_rows, time_forward
 from hf_dynaspec.generation.verify import crop_cache
 from hf_dynaspec.targets import load_target
 
@@ -97,7 +97,7 @@ def costs(target, drafter, context: int = 512) -> dict:
     runs on CPU), the drafter layer over one position, and the drafter's head per mode and row count."""
     cache = DynamicCache()
     target(input_ids=torch.randint(0, 1000, (1, context)), cache=cache, use_cache=True)
-    out = {"target_forward_ms": {n: 1e3 * time_forward(target, cache, context, n, 5, walk_logits=True)
+    out = {"target_forward_ms": {n: 1e3 * time_forward(target, cache, context, n, 5, walk_rows=measure_walk_rows(target))
                                  for n in (1, 2, 4, 8, 16)}}
     d = drafter.config.hidden_size
     dcache = DynamicCache()

@@ -52,6 +52,7 @@ def test_both_logit_paths_are_exact(target, drafter, walk_logits, monkeypatch):
         return original(self, node)
 
     monkeypatch.setattr(decoding, "head_reproduces_logits", lambda *args: walk_logits)
+    monkeypatch.setattr(decoding, "measure_walk_rows", lambda target: 2)  # rows past the second: on demand
     monkeypatch.setattr(verify.NodeLogits, "row", counting_row)
     ids = prompt(7, seed=4)
     config = DynaSpecGenerationConfig(tree_policy="eagle2", num_draft_nodes=10, draft_depth=4, draft_top_k=3,
@@ -77,15 +78,25 @@ def test_walk_rows_match_the_full_logits(target):
     b = pool.add(7, a, -0.3)
     pool.add(8, b, -0.4)
     tree = compact(pool, list(range(5)))
-    assert verify.likely_walk(tree) == [0, 1, 3]
+    assert verify.likely_walk(tree, 3) == [0, 1, 3]
     rows = {}
     for walk_logits in (True, False):
         cache = DynamicCache()
         with torch.no_grad():
             target(input_ids=prompt(6), cache=cache, use_cache=True)
-            logits, _ = verify.verify_forward(target, cache, tree, past_length=6, walk_logits=walk_logits)
+            logits, _ = verify.verify_forward(target, cache, tree, past_length=6, walk_rows=3 if walk_logits else 0)
             rows[walk_logits] = torch.cat([logits.row(i) for i in range(tree.num_nodes)])  # (n, V)
         if walk_logits:
             assert sorted(logits.rows) == list(range(tree.num_nodes))  # after reading every row
     # the same products, fed to BLAS as 3 rows or 5: equal up to fp32 summation order
     torch.testing.assert_close(rows[True], rows[False], rtol=1e-5, atol=1e-5)
+
+
+def test_walk_rows_are_measured_and_memoised(target, monkeypatch):
+    from hf_dynaspec.generation import calibration
+
+    monkeypatch.setattr(calibration, "_WALK_ROWS", calibration.weakref.WeakKeyDictionary())
+    costs = iter([1.0, 1.05, 1.1, 1.3, 1.0, 2.0, 2.0, 2.0])  # seconds of 1..8 rows: 5 rows are "free"
+    monkeypatch.setattr(calibration, "_median_seconds", lambda fn, repeats, device: (fn(), next(costs))[1])
+    assert calibration.measure_walk_rows(target) == 5
+    assert calibration.measure_walk_rows(target) == 5  # memoised: no second timing (the iterator is spent)

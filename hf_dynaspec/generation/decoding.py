@@ -24,7 +24,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 from ..modeling import DynaSpecDrafter
-from .calibration import verify_costs_for
+from .calibration import measure_walk_rows, verify_costs_for
 from .candidates import DynaSpecCandidateGenerator
 from .config import resolve_draft_settings
 from .gate import DraftGate
@@ -48,7 +48,7 @@ class _Run:
     scores: list[torch.Tensor] = field(default_factory=list)
     raw_logits: list[torch.Tensor] = field(default_factory=list)
     finished: bool = False
-    walk_logits: bool = False  # verification computes LM-head rows only along the walk (set in prefill)
+    walk_rows: int = 0  # > 0: verification computes this many LM-head rows along the likeliest walk (prefill)
 
     def full_ids(self) -> torch.LongTensor:
         """The sequence as plain generate() sees it, left padding included."""
@@ -108,7 +108,7 @@ def speculative_decode(
     with torch.no_grad():
         features, next_tokens = prefill(target, run, drafter.config.feature_layer_ids)
         if not run.finished:
-            costs = verify_costs_for(settings, target, walk_logits=run.walk_logits)
+            costs = verify_costs_for(settings, target, walk_rows=run.walk_rows)
             generator = DynaSpecCandidateGenerator(drafter, settings, run.stats, costs)
             generator.extend(features, next_tokens)
             gate = DraftGate() if settings.draft_gate else None
@@ -128,11 +128,13 @@ def prefill(target: torch.nn.Module, run: _Run, feature_layers: list[int]) -> tu
         last_only = {"logits_to_keep": 1} if target._supports_logits_to_keep() else {}
         out = target(input_ids=prompt, cache=run.cache, use_cache=True, output_hidden_states=True, **last_only)
         raw = out.logits[:, -1].float()  # (1, V)
-        # On CPU the LM head's cost grows with its rows: apply it only along the walk when that is exact.
-        run.walk_logits = (
+        # On CPU the LM head's cost grows with its rows: apply it only along the walk when that is exact, as
+        # many rows at once as cost about one here (measured once per target)
+        walk_path = (
             bool(last_only) and target.device.type == "cpu"
             and head_reproduces_logits(target, out.hidden_states[-1][0, -1:], raw)
         )
+        run.walk_rows = measure_walk_rows(target) if walk_path else 0
         scores = run.logits_processor(run.full_ids(), raw.clone()) if len(run.logits_processor) else raw
         token = choose_token(scores[0], run.generation_config.do_sample)
         run.emit([token], [scores], [raw])
@@ -154,7 +156,7 @@ def speculative_step(
     else:
         tree = generator.root_tree(int(run.input_ids[0, -1]))
     with run.stats.timer("verify", target.device):
-        logits, features = verify_forward(target, run.cache, tree, past_length, run.walk_logits,
+        logits, features = verify_forward(target, run.cache, tree, past_length, run.walk_rows,
                                           generator.feature_layers)
         walk = walk_tree(
             tree, logits, run.full_ids(), run.logits_processor, run.generation_config.do_sample, run.keep_scores

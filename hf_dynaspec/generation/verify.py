@@ -3,8 +3,9 @@
 - `verify_forward`: the target runs once over [root, nodes...] on top of its cache with a 4D tree mask (each
   node sees the committed prefix and its own ancestors; on sliding-window layers only those within the window
   of its own position, `masks.target_masks`) and per-node positions (prefix length + depth).
-  With `walk_logits`, that pass computes logits only for the likeliest walk (the root and its chain of best
-  children, `WALK_ROWS` nodes: on CPU a few rows cost one, since BLAS streams the head's weights once for
+  With `walk_rows` r > 0, that pass computes logits only for the likeliest walk (the root and its chain of
+  best children, r nodes; r measured on this machine by `calibration.measure_walk_rows`: on CPU a few rows
+  often cost one, since BLAS streams the head's weights once for
   up to 3 rows); `NodeLogits` applies the target's LM head to any other node's final hidden state when
   the walk reaches it. So a step pays for about one head pass instead of n rows (on CPU the head is ~20%
   of SmolLM2's weights and its cost grows with rows).
@@ -83,10 +84,7 @@ def head_reproduces_logits(target: torch.nn.Module, hidden: torch.Tensor, logits
     return mine.shape == logits.shape and torch.allclose(mine, logits.float(), rtol=1e-4, atol=1e-4)
 
 
-WALK_ROWS = 3  # LM-head rows computed in the verification pass with walk_logits (one head pass on CPU BLAS)
-
-
-def likely_walk(tree: VerifyTree, length: int = WALK_ROWS) -> list[int]:
+def likely_walk(tree: VerifyTree, length: int) -> list[int]:
     """The root and the chain of first children below it (each node's best-scored child), `length` at most."""
     path = [0]
     while len(path) < length and tree.children[path[-1]]:
@@ -110,15 +108,16 @@ def verify_forward(
     cache: DynamicCache,
     tree: VerifyTree,
     past_length: int,
-    walk_logits: bool = False,
+    walk_rows: int = 0,
     feature_layers: list[int] | tuple[int, ...] = (-1,),
 ) -> tuple[NodeLogits, torch.Tensor]:
-    """Target logits at every tree node (all computed, or with `walk_logits` those of `likely_walk` and the
+    """Target logits at every tree node (all computed, or with `walk_rows` > 0 those of `likely_walk` and the
     rest on demand) and the drafter's features of every node, root included: the hidden states
     `feature_layers` concatenated (n, k * d)."""
+    walk_logits = walk_rows > 0
     device = target.device
     n = tree.num_nodes
-    rows = likely_walk(tree) if walk_logits else None
+    rows = likely_walk(tree, walk_rows) if walk_logits else None
     allowed = torch.cat([torch.ones(n, past_length, dtype=torch.bool), tree.ancestor], dim=1)  # (n, past + n)
     positions = (past_length + tree.depths).to(device)  # (n,) each node at prefix length + depth
     key_positions = torch.cat([torch.arange(past_length, device=device), positions])  # (past + n,)
