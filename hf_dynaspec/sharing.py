@@ -43,14 +43,22 @@ def generate(model, *args, assistant_model=None, **kwargs):
     return model.generate(*args, assistant_model=assistant_model, **kwargs)
 '''
 
+def architecture_text(config) -> str:
+    """One line on the drafter's architecture, for its model card."""
+    if config.drafter_architecture == "eagle3":
+        return (f"an EAGLE-3 drafter (the target's hidden states {config.target_layer_ids} fused by `fc`, one "
+                "decoder layer over [embedding; feature]; exportable to vLLM / SGLang with `hf-dynaspec export`)")
+    return "an EAGLE-1-style drafter (one decoder layer over the target's final hidden states)"
+
+
 CARD = """---
 {{ card_data }}
 ---
 
 # DynaSpec drafter for {{ base_model }}
 
-A DynaSpec drafter for lossless speculative decoding of `{{ base_model }}` with hf-dynaspec: one decoder layer
-over the target's hidden states, a router over {{ num_clusters }} vocabulary clusters and the cluster table.
+A DynaSpec drafter for lossless speculative decoding of `{{ base_model }}` with hf-dynaspec: {{ architecture }},
+a router over {{ num_clusters }} vocabulary clusters and the cluster table.
 It borrows the target's embeddings and LM head, and scores only the tokens of the clusters its router picks.
 Greedy output is identical to plain greedy decoding; sampling keeps the target's distribution.
 
@@ -105,7 +113,7 @@ def build_card(drafter: Any, target_weights: str, license: str = "apache-2.0",
     defaults = ", ".join(f"`{k}={v!r}`" for k, v in drafter.generation_config.speculative_fields().items())
     return ModelCard.from_template(
         card_data(base_model, license), template_str=CARD, base_model=base_model,
-        num_clusters=config.num_clusters, target_weights=target_weights, repo_id=repo_id or REPO_PLACEHOLDER,
+        num_clusters=config.num_clusters, architecture=architecture_text(config), target_weights=target_weights, repo_id=repo_id or REPO_PLACEHOLDER,
         defaults=defaults, sections=list(sections),
     )
 
