@@ -170,7 +170,7 @@ def test_cli_distill_and_train(tmp_path, capsys):
                  str(ckpt), "--steps", "3", "--batch-size", "2", "--seq-len", "16", "--data", str(data),
                  "--unroll", "2"]) == 0
     out = capsys.readouterr().out
-    assert "trained to step 3" in out and "at draft depth 1..2" in out
+    assert "trained to step 3" in out and "at draft depth 1..3" in out
     assert main(["distill", "--target", "tiny", "--prompts", str(tmp_path / "spec_bench.jsonl"),
                  "--out", str(data)]) == 1
     assert "Spec-Bench" in capsys.readouterr().err

@@ -379,7 +379,7 @@ def train_drafter(
         "losses": history,
         "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
         "curve": curve,
-        "eval": evaluate_drafter(drafter, heldout or train[:1], seq_len, unroll=max(unroll, 2)),
+        "eval": evaluate_drafter(drafter, heldout or train[:1], seq_len, unroll=max(unroll, 3)),
     }
 
 
