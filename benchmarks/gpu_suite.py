@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
+import functools
 import gc
 import importlib.metadata
 import importlib.util
@@ -242,6 +244,40 @@ def cache_kwarg(model: torch.nn.Module | type = transformers.LlamaForCausalLM) -
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def renaming_cache(forward: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(forward)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if "cache" in kwargs:
+            kwargs["past_key_values"] = kwargs.pop("cache")
+        return forward(self, *args, **kwargs)
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def cache_shim() -> Iterator[None]:
+    """Where models take `past_key_values` (transformers 5.17), hand them the `cache=` that hf_dynaspec passes
+    (targets of the families here and the drafter's LlamaAttention); a no-op where `cache` exists. Without it
+    `cache=` vanishes into **kwargs and no KV cache is kept."""
+    if cache_kwarg() == "cache":
+        yield
+        return
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    classes = [getattr(transformers, model) for _, model in FAMILIES.values()] + [LlamaAttention]
+    with contextlib.ExitStack() as stack:
+        for cls in classes:
+            stack.enter_context(mock.patch.object(cls, "forward", renaming_cache(cls.forward)))
+        yield
+
+
+def check_cache_length(cache: DynamicCache, expected: int) -> None:
+    """Refuse to time on a cache the model did not fill (a `cache=` keyword the model silently ignored)."""
+    if cache.get_seq_length() != expected:
+        raise RuntimeError(f"the KV cache holds {cache.get_seq_length()} tokens after filling {expected}: the "
+                           f"model ignored its cache argument (transformers {transformers.__version__})")
+
+
 def prompt_ids(index: int, length: int, vocab: int, device: torch.device) -> torch.Tensor:
     """(1, length) random tokens; odd prompts repeat their first half (so the lookup branch has work)."""
     gen = torch.Generator().manual_seed(1000 + index)
@@ -327,6 +363,7 @@ def head_case(ctx: Context, ops: ModuleType, weight: torch.Tensor, hidden: torch
         expected = (hidden @ weight.index_select(0, ids).T).float()  # (N, S)
         got = ops.gathered_lm_head(hidden, weight, ids, backend="triton").float()
         row["triton_max_abs_err"] = float((got - expected).abs().max())
+        row["triton_max_rel_err"] = row["triton_max_abs_err"] / max(float(expected.abs().max()), 1e-30)
         row["triton_ms"] = ctx.time_ms(lambda: ops.gathered_lm_head(hidden, weight, ids, backend="triton"))
         row["speedup_triton_vs_index_select"] = index_ms / row["triton_ms"]
         row["triton_roofline_fraction"] = row["roofline_ms"] / row["triton_ms"]
@@ -400,6 +437,7 @@ def verify_context(ctx: Context, target: torch.nn.Module, context: int, bar: tqd
     cache, name = DynamicCache(), cache_kwarg(target)
     ids = torch.randint(0, target.config.vocab_size, (1, context), device=ctx.device)
     target(input_ids=ids, use_cache=True, logits_to_keep=1, **{name: cache})
+    check_cache_length(cache, context)
     rows = []
     for mask in ("tree", "causal"):
         for n in ctx.plan.verify_nodes:
@@ -458,7 +496,8 @@ def router_then_layer(router: torch.nn.Module, features: torch.Tensor, layer_fn:
 
 @contextlib.contextmanager
 def router_placement(placement: str) -> Iterator[None]:
-    """"beside": the package's `run_router_beside` (side stream on CUDA); "sequential": `router_then_layer`."""
+    """Where the router runs: "beside" the layer (the package's `run_router_beside`: a side stream on CUDA) or
+    "sequential" (`router_then_layer`)."""
     if placement == "beside":
         yield
         return
@@ -493,6 +532,7 @@ def drafter_rows(ctx: Context, shape: str, drafter: DynaSpecDrafter, bar: tqdm) 
     cache = DynamicCache()
     drafter(torch.randint(0, vocab, (1, context), device=ctx.device),
             torch.randn(1, context, d, device=ctx.device, dtype=ctx.dtype), cache=cache, head_mode=None)
+    check_cache_length(cache, context)
     rows = []
     for t in ctx.plan.drafter_rows:
         ids = torch.randint(0, vocab, (1, t), device=ctx.device)  # (1, T)
@@ -602,8 +642,15 @@ def run_exactness(ctx: Context) -> dict[str, Any]:
             rows += exact_runs(ctx, name, family, fields, dtype, bar)
     bar.close()
     targets = {name: {"family": family, **fields} for name, (family, fields) in plan.exact_targets.items()}
-    return {"rows": rows, "summary": exactness_summary(rows), "targets": targets, "trees": plan.trees,
-            "notes": ["fresh (untrained) drafters: acceptance is low, exactness is what counts"]}
+    by_dtype = {}
+    for dtype in sorted({r["dtype"] for r in rows}):
+        same = [r["identical"] for r in rows if r["dtype"] == dtype]
+        by_dtype[dtype] = sum(same) / len(same)
+    return {"rows": rows, "summary": exactness_summary(rows), "identical_share_by_dtype": by_dtype,
+            "targets": targets, "trees": plan.trees,
+            "notes": ["fresh (untrained) drafters: acceptance is low, exactness is what counts",
+                      "logit gap: the target's logit of plain greedy's pick minus the speculative pick's, at the "
+                      "first divergence (recomputed without a cache); near 0: a numerical near-tie"]}
 
 
 # ---------------------------------------------------------------------------------------------- syncs
@@ -665,19 +712,20 @@ RUNNERS: dict[str, Callable[[Context], dict[str, Any]]] = {
 # ---------------------------------------------------------------------------------------------- markdown
 
 
-def fmt(value: Any, digits: int = 3) -> str:
+def fmt(value: Any, digits: int = 4) -> str:
+    """A cell: floats to `digits` significant digits (thousands separated from 1e4), lists and dicts inline."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
-        return f"{value:.{digits}f}" if abs(value) < 1e4 else f"{value:,.0f}"
+        return f"{value:.{digits}g}" if abs(value) < 1e4 else f"{value:,.0f}"
     if isinstance(value, int):
         return f"{value:,}" if abs(value) >= 1e4 else str(value)
     if isinstance(value, list):
-        return ", ".join(fmt(v, 2) for v in value[:8]) + (" ..." if len(value) > 8 else "")
+        return ", ".join(fmt(v, 3) for v in value[:8]) + (" ..." if len(value) > 8 else "")
     if isinstance(value, dict):
-        return ", ".join(f"{k} {fmt(v, 1)}" for k, v in list(value.items())[:6])
+        return ", ".join(f"{k} {fmt(v, 3)}" for k, v in list(value.items())[:6])
     return str(value)
 
 
@@ -720,7 +768,7 @@ def verify_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["| n | " + " | ".join(f"ctx {c} {m}: ms | c(n)/c(1)" for c, m in keys) + " |",
              "|---|" + "---|---|" * len(keys)]
     for n in sorted({r["nodes"] for r in rows}):
-        parts = [f"{fmt(cells[(c, m, n)]['ms'])} | {fmt(cells[(c, m, n)]['cost'], 2)}" if (c, m, n) in cells
+        parts = [f"{fmt(cells[(c, m, n)]['ms'])} | {fmt(cells[(c, m, n)]['cost'], 3)}" if (c, m, n) in cells
                  else " | " for c, m in keys]
         lines.append(f"| {n} | " + " | ".join(parts) + " |")
     return lines
@@ -739,6 +787,8 @@ def section_markdown(name: str, data: dict[str, Any]) -> list[str]:
         lines += table(data["rows"], DRAFTER_COLUMNS)
     elif name == "exactness":
         lines += table(data["summary"], EXACT_COLUMNS)
+        shares = data.get("identical_share_by_dtype", {})
+        lines += ["", "Identical outputs: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in shares.items())]
     elif name == "syncs":
         lines += table(data["rows"], SYNC_COLUMNS)
     lines += [""] + [f"- {note}" for note in data.get("notes", [])] + [""]
@@ -787,8 +837,9 @@ def compatibility_notes() -> list[str]:
     if PACKAGE_ERROR is not None:
         notes.append(PACKAGE_ERROR)
     if cache_kwarg() != "cache":
-        notes.append(f"transformers {transformers.__version__} models take `past_key_values`, not `cache`: "
-                     "hf_dynaspec passes `cache=` (drafter layer, verification), so its paths may fail here")
+        notes.append(f"transformers {transformers.__version__} models take `past_key_values`, not the `cache` "
+                     "hf_dynaspec passes (it needs >= 5.20): the suite renamed it for the target families here and "
+                     "the drafter's LlamaAttention (`cache_shim`)")
     return notes
 
 
@@ -823,7 +874,7 @@ def run_section(name: str, ctx: Context, out: Path, errors: dict[str, str]) -> N
     log(out, f"run {name}")
     began = time.perf_counter()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), cache_shim():
             data = RUNNERS[name](ctx)
     except Exception:  # noqa: BLE001 - one failing section must not cost the others
         errors[name] = traceback.format_exc()
@@ -842,7 +893,7 @@ def collect(out: Path, ctx: Context, errors: dict[str, str]) -> dict[str, Any]:
         path = out / "sections" / f"{name}.json"
         if path.exists():
             sections[name] = json.loads(path.read_text())
-    meta = {**environment(ctx), "notes": ctx.notes, "argv": ctx.args.argv}
+    meta = {**environment(ctx), "notes": ctx.notes, "argv": ctx.args.argv, "plan": dataclasses.asdict(ctx.plan)}
     return {"meta": meta, "sections": sections, "errors": errors}
 
 
@@ -868,9 +919,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the chosen sections into `--out`, then write results.json and results.md; returns results.json's
     content."""
     args = parse_args(argv)
-    plan = QUICK if args.quick else FULL
     overrides = {k: v for k, v in (("repeats", args.repeats), ("warmup", args.warmup)) if v is not None}
-    plan = Plan(**{**plan.__dict__, **overrides})
+    plan = dataclasses.replace(QUICK if args.quick else FULL, **overrides)
     ctx = Context(args, plan, torch.device(args.device), getattr(torch, args.dtype), compatibility_notes())
     out = Path(args.out)
     (out / "sections").mkdir(parents=True, exist_ok=True)
@@ -878,10 +928,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     errors: dict[str, str] = {}
     for name in args.sections:
         run_section(name, ctx, out, errors)
+        publish(out, ctx, errors)  # a run cut short still leaves results for what finished
+    results = publish(out, ctx, errors)
+    log(out, f"wrote {out / 'results.json'} and results.md ({len(errors)} failed: {sorted(errors)})")
+    return results
+
+
+def publish(out: Path, ctx: Context, errors: dict[str, str]) -> dict[str, Any]:
+    """results.json from the saved sections, and results.md from it."""
     results = collect(out, ctx, errors)
     write_json(out / "results.json", results)
-    (out / "results.md").write_text(render_markdown(results))
-    log(out, f"wrote {out / 'results.json'} and results.md ({len(errors)} failed: {sorted(errors)})")
+    (out / "results.md").write_text(render_markdown(json.loads((out / "results.json").read_text())))
     return results
 
 

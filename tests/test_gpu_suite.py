@@ -1,0 +1,197 @@
+"""benchmarks/gpu_suite.py, run as the GPU session will run it but with `--quick` on CPU (tiny shapes, the Triton
+kernel under its interpreter): every section's JSON has its keys and plausible values, a rerun skips the saved
+sections, `--force` redoes one, a failing section is reported and left unsaved, and results.md is made from
+results.json.
+
+    OMP_NUM_THREADS=1 python -m pytest -q tests/test_gpu_suite.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICK = ["--quick", "--device", "cpu", "--triton-interpret"]  # conftest.py sets TRITON_INTERPRET=1
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
+
+
+def load_suite() -> ModuleType:
+    if "gpu_suite" in sys.modules:
+        return sys.modules["gpu_suite"]
+    spec = importlib.util.spec_from_file_location("gpu_suite", ROOT / "benchmarks" / "gpu_suite.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_suite"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def suite() -> ModuleType:
+    return load_suite()
+
+
+@pytest.fixture(scope="module")
+def run(suite, tmp_path_factory, one_thread) -> tuple[Path, dict]:
+    """One quick run of every section into a fresh folder: (folder, results.json's content)."""
+    out = tmp_path_factory.mktemp("gpu-suite")
+    began = time.perf_counter()
+    results = suite.main([*QUICK, "--out", str(out)])
+    assert time.perf_counter() - began < 45
+    return out, results
+
+
+def section(out: Path, name: str) -> dict:
+    return json.loads((out / "sections" / f"{name}.json").read_text())
+
+
+def test_every_section_is_saved_with_its_meta(suite, run):
+    out, results = run
+    assert results["errors"] == {}
+    for name in suite.SECTIONS:
+        data = section(out, name)
+        assert {"name", "meta", "seconds", "rows", "notes"} <= set(data), name
+        assert data["name"] == name and data["rows"] and data["seconds"] > 0
+        meta = data["meta"]
+        assert meta["quick"] is True and meta["device_type"] == "cpu"
+        assert {"device", "torch", "triton", "transformers", "timestamp"} <= set(meta)
+        assert results["sections"][name] == data  # results.json gathers the section files
+    meta = results["meta"]
+    assert meta["torch"] and meta["transformers"] and meta["timestamp"] and meta["plan"]["head_rows"]
+    assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(results, default=str))
+
+
+def test_head_rows(suite, run):
+    out, _ = run
+    data = section(out, "head")
+    plan = suite.QUICK
+    assert len(data["rows"]) == len(plan.head_vocab) * len(plan.head_dims) * len(plan.head_rows) * len(
+        plan.head_shares)
+    for row in data["rows"]:
+        assert row["shortlist"] == max(1, round(row["share"] * row["vocab"]))
+        for key in ("dense_ms", "index_select_ms", "triton_ms", "speedup_triton_vs_index_select", "roofline_ms",
+                    "triton_roofline_fraction", "index_select_roofline_fraction", "dense_roofline_fraction"):
+            assert row[key] > 0, key
+        # bf16 outputs on both sides: within a few bf16 steps of the logits' size
+        assert row["triton_max_rel_err"] < 0.05
+        expected_bytes = row["shortlist"] * row["d"] * 2 + row["rows"] * (row["d"] + row["shortlist"]) * 2
+        assert row["bytes"] == expected_bytes + 8 * row["shortlist"]
+    assert data["summary"]["triton_timed"] and data["summary"]["speedup_geomean"] > 0
+    assert any("TRITON_INTERPRET" in note for note in data["notes"])
+
+
+def test_verify_rows(suite, run):
+    out, _ = run
+    data = section(out, "verify")
+    plan = suite.QUICK
+    got = {(r["context"], r["mask"], r["nodes"]) for r in data["rows"]}
+    assert got == {(c, m, n) for c in plan.verify_contexts for m in ("tree", "causal") for n in plan.verify_nodes}
+    for row in data["rows"]:
+        assert row["ms"] > 0 and row["cost"] > 0
+        if row["nodes"] == 1:
+            assert row["cost"] == 1.0
+    assert data["model"]["hidden_size"] == plan.verify_model["hidden_size"]
+
+
+def test_drafter_rows(suite, run):
+    out, _ = run
+    data = section(out, "drafter")
+    plan = suite.QUICK
+    assert len(data["rows"]) == len(plan.drafter_targets) * len(plan.drafter_rows) * 3
+    for row in data["rows"]:
+        assert row["step_beside_ms"] > 0 and row["step_sequential_ms"] > 0
+        assert row["router_ms"] > 0 and row["head_ms"] > 0
+        k0 = plan.num_clusters // 8
+        expected = {"full": row["vocab"], "static": round(row["vocab"] * k0 / plan.num_clusters)}
+        expected["dynamic"] = expected["static"]  # k0 of M equal random clusters
+        assert row["shortlist_mean"] == expected[row["head_mode"]], row
+
+
+def test_exactness_is_total_in_fp32_on_cpu(suite, run):
+    out, _ = run
+    data = section(out, "exactness")
+    plan = suite.QUICK
+    assert len(data["rows"]) == len(plan.exact_targets) * 2 * plan.prompts * len(plan.trees)
+    assert data["identical_share_by_dtype"]["float32"] == 1.0
+    for row in data["summary"]:
+        assert 0.0 <= row["identical_share"] <= 1.0 and row["runs"] == plan.prompts
+        if row["dtype"] == "float32":
+            assert row["identical_share"] == 1.0 and row["first_divergences"] == []
+    assert {r["target"] for r in data["rows"]} == set(plan.exact_targets)
+
+
+def test_syncs_are_counted(suite, run):
+    out, _ = run
+    data = section(out, "syncs")
+    assert {(r["target"], r["tree"]) for r in data["rows"]} == {
+        (t, tree) for t in suite.QUICK.sync_targets for tree in suite.QUICK.trees
+    }
+    for row in data["rows"]:
+        assert row["steps"] > 0 and row["mean"] > 0 and row["max"] >= row["mean"]
+        assert row["tokens_per_step"] >= 1 and sum(row["by_kind"].values()) == pytest.approx(row["mean"])
+
+
+def test_markdown_is_made_from_the_json(suite, run):
+    out, _ = run
+    text = (out / "results.md").read_text()
+    assert text == suite.render_markdown(json.loads((out / "results.json").read_text()))
+    for name in suite.SECTIONS:
+        assert f"## {name}" in text
+    assert "| n | ctx" in text and "Identical outputs:" in text
+
+
+def test_rerun_skips_saved_sections_and_force_redoes_one(suite, run):
+    out, _ = run
+    paths = {name: out / "sections" / f"{name}.json" for name in suite.SECTIONS}
+    stamps = {name: path.stat().st_mtime_ns for name, path in paths.items()}
+    began = time.perf_counter()
+    results = suite.main([*QUICK, "--out", str(out)])
+    assert time.perf_counter() - began < 5  # nothing ran
+    assert {name: path.stat().st_mtime_ns for name, path in paths.items()} == stamps
+    log = (out / "log.txt").read_text()
+    assert all(f"skip {name}" in log for name in suite.SECTIONS)
+    assert set(results["sections"]) == set(suite.SECTIONS) and results["errors"] == {}
+
+    suite.main([*QUICK, "--out", str(out), "--sections", "syncs", "--force"])
+    after = {name: path.stat().st_mtime_ns for name, path in paths.items()}
+    assert after["syncs"] != stamps["syncs"]
+    assert {k: v for k, v in after.items() if k != "syncs"} == {k: v for k, v in stamps.items() if k != "syncs"}
+
+
+def test_a_failing_section_is_reported_and_not_saved(suite, tmp_path, monkeypatch):
+    def broken(ctx):
+        raise RuntimeError("device fell over")
+
+    monkeypatch.setitem(suite.RUNNERS, "verify", broken)
+    results = suite.main([*QUICK, "--out", str(tmp_path), "--sections", "verify"])
+    assert "device fell over" in results["errors"]["verify"]
+    assert not (tmp_path / "sections" / "verify.json").exists()
+    assert "verify failed" in (tmp_path / "results.md").read_text()
+    assert "FAILED verify" in (tmp_path / "log.txt").read_text()
+
+
+def test_quick_sections_are_redone_by_a_full_run(suite, run):
+    out, _ = run
+    ctx = suite.Context(suite.parse_args(["--out", str(out), "--device", "cpu"]), suite.FULL,
+                        suite.torch.device("cpu"), suite.torch.bfloat16)
+    assert not suite.is_done(out / "sections" / "head.json", ctx)  # saved by a --quick run
+    ctx.args.quick = True
+    assert suite.is_done(out / "sections" / "head.json", ctx)
+
+
+def test_cache_shim_renames_the_keyword_for_older_transformers(suite):
+    class Old:
+        def forward(self, input_ids=None, past_key_values=None, **kwargs):
+            return past_key_values, kwargs
+
+    forward = suite.renaming_cache(Old.forward)
+    assert forward(Old(), input_ids=1, cache="kv") == ("kv", {})
+    assert forward(Old(), past_key_values="kv", use_cache=True) == ("kv", {"use_cache": True})
