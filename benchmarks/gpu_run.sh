@@ -8,12 +8,11 @@
 # then, on the device:  bash benchmarks/gpu_run.sh   (resumable: rerun it if it stops at the time limit)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-benchmarks/results/gpu-h200}
+RESULTS=${OUT:-benchmarks/results/gpu-h200}  # the device tool's $OUT comes back: commit it as benchmarks/results/gpu-h200
 python -V
 if [ -d wheelhouse ]; then
     pip install --no-index --no-deps --quiet wheelhouse/*.whl
 fi
 pip install --no-deps --quiet -e .
 python -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)"
-timeout 560 python benchmarks/gpu_suite.py --out "$OUT" || echo "suite stopped (rc $?): rerun to resume"
-cp -r "$OUT" "${OUT_COPY:-$OUT}" 2>/dev/null || true
+timeout 560 python benchmarks/gpu_suite.py --out "$RESULTS" || echo "suite stopped (rc $?): rerun to resume"
