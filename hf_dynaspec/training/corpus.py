@@ -211,9 +211,11 @@ def answer_batch(model, prompt_ids: list[list[int]], max_new_tokens: int, pad_id
 def write_answers(
     model, tokenizer, records: Sequence[dict[str, Any]], out_dir: str | os.PathLike, max_new_tokens: int,
     batch_size: int, per_shard: int = 512, max_prompt_tokens: int = 768, progress: bool = True,
+    chat_template: bool = True,
 ) -> dict[str, Any]:
     """Answer every record's `prompt` not yet in `out_dir/index.json` and append compressed shards. Prompts run
-    shortest first (little padding). Returns the index."""
+    shortest first (little padding); `chat_template=False` encodes them as plain text (base models: the text
+    is continued as it is). Returns the index."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     index = read_index(out) or {"version": CORPUS_VERSION, "shards": [], "done": []}
@@ -222,7 +224,7 @@ def write_answers(
     for record in records:
         key = prompt_key(record["prompt"])
         if key not in done and key not in todo:
-            ids = encode_prompt(tokenizer, record["prompt"])[0].tolist()
+            ids = encode_prompt(tokenizer, record["prompt"], chat_template)[0].tolist()
             if len(ids) <= max_prompt_tokens:
                 todo[key] = (ids, record.get("source", ""))
     order = sorted(todo, key=lambda k: len(todo[k][0]))

@@ -1,0 +1,81 @@
+"""Stage 1 of the Gemma 3 270M (base model) drafter recipe: a token-id corpus, as the base model is used.
+
+Gemma 3 270M is a base model: it continues text. Its prompts are built three ways, none from Spec-Bench:
+- plain questions and instructions, as they are (the shared prompt mixes and the Magpie questions SmolLM2 wrote
+  for its own corpus, data/corpus/smollm2/questions.jsonl);
+- a simple instruction format, "Question: ...\\nAnswer:";
+- plain-text continuation: the first sentences of GPTeacher responses (code and role-play) and GSM8K solutions.
+Gemma answers each greedily (bf16 batches, at most --max-new-tokens); its head (262,144 x 640) makes every
+token dear on a CPU, so the corpus is sized by --max-prompts. Resumes after an interruption.
+
+    python recipes/gemma3/build_corpus.py --out data/corpus/gemma3 --max-prompts 4000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import torch
+
+from hf_dynaspec.targets import load_target
+from hf_dynaspec.training.corpus import write_answers
+
+SHARED = Path("../shared/data")
+
+
+def questions() -> list[dict]:
+    """Prompts of the SmolLM2 recipe: its Magpie questions and the shared prompt mixes."""
+    files = [Path("data/corpus/smollm2/questions.jsonl"), Path("data/train_prompts.jsonl"),
+             Path("data/train_prompts_round2.jsonl")]
+    return [json.loads(line) for f in files if f.is_file() for line in f.read_text().splitlines()]
+
+
+def continuations(rng: random.Random, count: int) -> list[dict]:
+    """Opening sentences of passages (GPTeacher outputs, GSM8K train solutions) to be continued."""
+    texts = []
+    for name in ("gpteacher/codegen-instruct.json", "gpteacher/roleplay-instruct.json"):
+        path = SHARED / name
+        if path.is_file():
+            texts += [r.get("response") or r.get("output") or "" for r in json.loads(path.read_text())]
+    gsm8k = SHARED / "gsm8k/train.jsonl"
+    if gsm8k.is_file():
+        texts += [json.loads(line)["answer"] for line in gsm8k.read_text().splitlines()]
+    texts = [t for t in texts if len(t) > 200]
+    rng.shuffle(texts)
+    return [{"prompt": ". ".join(t.split(". ")[:2]).strip(), "source": "continuation"} for t in texts[:count]]
+
+
+def build_records(max_prompts: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    pool = questions()
+    rng.shuffle(pool)
+    n_plain, n_format = int(0.45 * max_prompts), int(0.3 * max_prompts)
+    plain = [{"prompt": r["prompt"], "source": f"plain-{r['source']}"} for r in pool[:n_plain]]
+    formatted = [{"prompt": f"Question: {r['prompt']}\nAnswer:", "source": f"qa-{r['source']}"}
+                 for r in pool[n_plain : n_plain + n_format]]
+    return plain + formatted + continuations(rng, max_prompts - n_plain - n_format)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="data/corpus/gemma3", help="corpus folder (commit it)")
+    parser.add_argument("--max-prompts", type=int, default=4000, help="prompts answered in all")
+    parser.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap")
+    parser.add_argument("--batch-size", type=int, default=32, help="prompts generated together")
+    parser.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_target("gemma3", dtype=torch.bfloat16)
+    records = build_records(args.max_prompts, args.seed)
+    print(f"{len(records)} prompts: {sum(r['source'].startswith('plain') for r in records)} plain, "
+          f"{sum(r['source'].startswith('qa') for r in records)} question/answer, "
+          f"{sum(r['source'] == 'continuation' for r in records)} continuations")
+    write_answers(model, tokenizer, records, args.out, args.max_new_tokens, args.batch_size, chat_template=False)
+
+
+if __name__ == "__main__":
+    main()
