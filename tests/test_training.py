@@ -293,3 +293,22 @@ def test_cli_router_fit(tiny, eagle3_dataset, tmp_path, capsys):
     assert main(["router-fit", "--target", "tiny", "--drafter", str(drafter), "--data", str(eagle3_dataset),
                  "--ckpt-dir", str(tmp_path / "fit"), "--steps", "2", "--batch-size", "2", "--seq-len", "8"]) == 0
     assert "trained to step 2" in capsys.readouterr().out
+
+
+def test_features_captured_while_answering_equal_a_recomputation(tiny, tmp_path):
+    """write_answers(capture_layers=..., on_shard=CapturedFeatures(...)) keeps what the target computed as it
+    generated (left padding, KV cache): the same conversations and features as a batched recomputation."""
+    from hf_dynaspec.training.features import CapturedFeatures
+
+    target, tokenizer = tiny
+    layers = eagle3_layer_ids(target.config.num_hidden_layers)
+    records = [{"prompt": p} for p in PROMPTS]
+    captured = CapturedFeatures(tmp_path / "captured", tmp_path / "c", layers, target.config.hidden_size)
+    write_answers(target, tokenizer, records, tmp_path / "c", 9, 3, per_shard=3, progress=False,
+                  capture_layers=layers, on_shard=captured)
+    write_features(target, tmp_path / "c", tmp_path / "recomputed", layers, progress=False)
+    mine, theirs = load_dataset(tmp_path / "captured"), load_dataset(tmp_path / "recomputed")
+    assert [c.input_ids.tolist() for c in mine] == [c.input_ids.tolist() for c in theirs]
+    for a, b in zip(mine, theirs):
+        torch.testing.assert_close(a.aux.float(), b.aux.float(), rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(a.hidden.float(), b.hidden.float(), rtol=2e-3, atol=2e-3)

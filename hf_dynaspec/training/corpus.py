@@ -30,7 +30,7 @@ import json
 import os
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,37 +189,83 @@ def write_questions(
 
 # ----------------------------------------------------------------------------------------------- answers
 @torch.no_grad()
-def answer_batch(model, prompt_ids: list[list[int]], max_new_tokens: int, pad_id: int, eos_ids: set[int]) -> list[torch.Tensor]:
-    """Greedy answers (each trimmed after its first end-of-sequence token) of one left-padded batch."""
+def answer_batch(
+    model, prompt_ids: list[list[int]], max_new_tokens: int, pad_id: int, eos_ids: set[int],
+    capture_layers: list[int] | None = None,
+) -> tuple[list[torch.Tensor], list[tuple[np.ndarray, np.ndarray]] | None]:
+    """Greedy answers (each trimmed after its first end-of-sequence token) of one left-padded batch, and with
+    `capture_layers` the target's features of every conversation as it generated them: (hidden (L - 1, d) the
+    final normed states, aux (L - 1, k * d) the layers `capture_layers`), float16 (see `features.py`)."""
     width = max(len(p) for p in prompt_ids)
     input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)  # (B, P)
     attention_mask = torch.zeros_like(input_ids)
     for row, ids in enumerate(prompt_ids):
         input_ids[row, width - len(ids):] = torch.tensor(ids)
         attention_mask[row, width - len(ids):] = 1
+    final = model.config.get_text_config().num_hidden_layers  # the final normed state's index
+    capture = {} if capture_layers is None else dict(
+        output_hidden_states=sorted(set(capture_layers) | {final}), return_dict_in_generate=True)
     out = model.generate(
         input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
-        max_new_tokens=max_new_tokens, min_new_tokens=1, do_sample=False, pad_token_id=pad_id,
+        max_new_tokens=max_new_tokens, min_new_tokens=1, do_sample=False, pad_token_id=pad_id, **capture,
     )
+    sequences = out.sequences if capture else out
     answers = []
-    for row in out[:, width:].cpu():  # (S,)
+    for row in sequences[:, width:].cpu():  # (S,)
         stops = [i for i, t in enumerate(row.tolist()) if t in eos_ids]
         answers.append(row[: stops[0] + 1] if stops else row)
-    return answers
+    if not capture:
+        return answers, None
+    layers = {i: torch.cat([step[i] for step in out.hidden_states], dim=1) for i in capture["output_hidden_states"]}
+    rows = []
+    for row, (ids, answer) in enumerate(zip(prompt_ids, answers)):
+        span = slice(width - len(ids), width + answer.numel() - 1)  # the L - 1 positions fed to the target
+        hidden = layers[final][row, span].float()  # (L - 1, d)
+        aux = torch.cat([layers[i][row, span] for i in capture_layers], dim=-1).float()  # (L - 1, k * d)
+        rows.append((hidden.half().numpy(), aux.half().numpy()))
+    return answers, rows
+
+
+ShardCallback = Callable[[int, list[CorpusConversation], list, float], None]
 
 
 def write_answers(
     model, tokenizer, records: Sequence[dict[str, Any]], out_dir: str | os.PathLike, max_new_tokens: int,
     batch_size: int, per_shard: int = 512, max_prompt_tokens: int = 768, progress: bool = True,
-    chat_template: bool = True,
+    chat_template: bool = True, capture_layers: list[int] | None = None, on_shard: ShardCallback | None = None,
 ) -> dict[str, Any]:
     """Answer every record's `prompt` not yet in `out_dir/index.json` and append compressed shards. Prompts run
     shortest first (little padding); `chat_template=False` encodes them as plain text (base models: the text
-    is continued as it is). Returns the index."""
+    is continued as it is). With `capture_layers`, the target's features are kept as it generates and handed,
+    with the shard number and conversations, to `on_shard` before the shard is recorded (e.g.
+    `features.CapturedFeatures`: no second pass over the corpus). Returns the index."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     index = read_index(out) or {"version": CORPUS_VERSION, "shards": [], "done": []}
-    done = set(index["done"])
+    todo = pending_prompts(tokenizer, records, set(index["done"]), max_prompt_tokens, chat_template)
+    order = sorted(todo, key=lambda k: len(todo[k][0]))
+    pad_id, eos_ids = pad_token_id(tokenizer, model), eos_token_ids(model)
+    bar = tqdm(total=len(order), desc="answers", unit="prompt", disable=not progress)
+    for lo in range(0, len(order), per_shard):
+        keys, convs, rows, t0 = order[lo : lo + per_shard], [], [], time.perf_counter()
+        for start in range(0, len(keys), batch_size):
+            prompts = [todo[k][0] for k in keys[start : start + batch_size]]
+            answers, features = answer_batch(model, prompts, max_new_tokens, pad_id, eos_ids, capture_layers)
+            convs += [CorpusConversation(torch.cat([torch.tensor(ids), a]), len(ids)) for ids, a in zip(prompts, answers)]
+            rows += features or []
+            bar.update(len(prompts))
+        seconds = time.perf_counter() - t0
+        if on_shard is not None:
+            on_shard(len(index["shards"]), convs, rows, seconds)
+        _write_shard(out, index, keys, [todo[k][1] for k in keys], convs, seconds)
+        bar.set_postfix(tokens=sum(s["num_tokens"] for s in index["shards"]))
+    bar.close()
+    return index
+
+
+def pending_prompts(tokenizer, records: Sequence[dict[str, Any]], done: set[str], max_prompt_tokens: int,
+                    chat_template: bool) -> dict[str, tuple[list[int], str]]:
+    """prompt hash -> (prompt ids, source) of the records not answered yet (prompts over the cap skipped)."""
     todo: dict[str, tuple[list[int], str]] = {}
     for record in records:
         key = prompt_key(record["prompt"])
@@ -227,20 +273,7 @@ def write_answers(
             ids = encode_prompt(tokenizer, record["prompt"], chat_template)[0].tolist()
             if len(ids) <= max_prompt_tokens:
                 todo[key] = (ids, record.get("source", ""))
-    order = sorted(todo, key=lambda k: len(todo[k][0]))
-    pad_id, eos_ids = pad_token_id(tokenizer, model), eos_token_ids(model)
-    bar = tqdm(total=len(order), desc="answers", unit="prompt", disable=not progress)
-    for lo in range(0, len(order), per_shard):
-        keys, convs, t0 = order[lo : lo + per_shard], [], time.perf_counter()
-        for start in range(0, len(keys), batch_size):
-            prompts = [todo[k][0] for k in keys[start : start + batch_size]]
-            for ids, answer in zip(prompts, answer_batch(model, prompts, max_new_tokens, pad_id, eos_ids)):
-                convs.append(CorpusConversation(torch.cat([torch.tensor(ids), answer]), len(ids)))
-            bar.update(len(prompts))
-        _write_shard(out, index, keys, [todo[k][1] for k in keys], convs, time.perf_counter() - t0)
-        bar.set_postfix(tokens=sum(s["num_tokens"] for s in index["shards"]))
-    bar.close()
-    return index
+    return todo
 
 
 def read_index(out: Path) -> dict[str, Any] | None:

@@ -89,7 +89,7 @@ def write_features(
     }
     if index["layer_ids"] != list(layer_ids):
         raise ValueError(f"{out} holds features of layers {index['layer_ids']}, not {list(layer_ids)}: use another folder.")
-    convs = [c for c in load_corpus(corpus_dir) if c.input_ids.numel() >= 3]
+    convs = load_corpus(corpus_dir)
     done = sum(s["num_conversations"] for s in index["shards"])
     bar = tqdm(total=len(convs), initial=done, desc="target features", unit="conv", disable=not progress)
     for lo in range(done, len(convs), per_shard):
@@ -102,6 +102,34 @@ def write_features(
         _write_shard(out, index, part, rows, time.perf_counter() - t0)
     bar.close()
     return index
+
+
+class CapturedFeatures:
+    """`corpus.write_answers(on_shard=...)`: writes the features the target produced while answering, shard for
+    shard beside the corpus (same conversations, same order), so no second pass is needed. A shard rewritten
+    after an interruption replaces its earlier copy."""
+
+    def __init__(self, out_dir: str | os.PathLike, corpus_dir: str | os.PathLike, layer_ids: list[int],
+                 hidden_size: int) -> None:
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.index = read_features_index(self.out) or {
+            "format": FORMAT, "corpus": str(corpus_dir), "layer_ids": list(layer_ids), "hidden_size": hidden_size,
+            "shards": [], "captured": True,
+        }
+        if self.index["layer_ids"] != list(layer_ids):
+            raise ValueError(f"{self.out} holds features of layers {self.index['layer_ids']}, not {list(layer_ids)}.")
+
+    def __call__(self, shard: int, convs: list[CorpusConversation], rows: list, seconds: float) -> None:
+        if len(rows) != len(convs):
+            raise ValueError("write_answers must capture features (capture_layers=...) to write them.")
+        if len(self.index["shards"]) < shard:
+            raise ValueError(
+                f"{self.out} has features for {len(self.index['shards'])} corpus shards, the corpus has {shard}: "
+                "recompute the missing ones first (`hf-dynaspec features`, which resumes), then continue."
+            )
+        del self.index["shards"][shard:]  # a shard redone after an interruption
+        _write_shard(self.out, self.index, convs, rows, seconds)
 
 
 def _write_shard(out: Path, index: dict[str, Any], convs: list[CorpusConversation], rows: list, seconds: float) -> None:

@@ -26,10 +26,12 @@ stage() {  # stage NAME COMMAND...: run it, append {"stage", "seconds", "finishe
 [ -f data/train_prompts.jsonl ] || stage prompts python recipes/smollm2/build_prompts.py --out data/train_prompts.jsonl
 [ -f data/train_prompts_round2.jsonl ] || stage prompts2 python recipes/smollm2/build_prompts.py --round 2 --seed 1 \
     --out data/train_prompts_round2.jsonl
-stage corpus python recipes/smollm2/build_corpus.py --out "$CORPUS" --per-domain 400
+#    and the target's features (its EAGLE-3 layers and its final hidden state) kept as it generates
+stage corpus python recipes/smollm2/build_corpus.py --out "$CORPUS" --per-domain 400 --features "$RUN/features"
 
-# 2. the target's features of the corpus (its EAGLE-3 layers and its final hidden state), batched fp32 passes
-stage features hf-dynaspec features --target smollm2 --corpus "$CORPUS" --out "$RUN/features" --threads 2
+# 2. on a fresh machine (committed corpus, no features yet): recompute them from the ids in batched passes
+[ -f "$RUN/features/index.json" ] || stage features hf-dynaspec features --target smollm2 --corpus "$CORPUS" \
+    --out "$RUN/features" --threads 2
 
 # 3. drafter: EAGLE-3 layer started from the target's last layer, clusters of the LM head, training with
 #    $UNROLL unrolled draft steps (training-time test), bf16 autocast, a learning curve every 250 steps
