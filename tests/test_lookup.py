@@ -36,7 +36,8 @@ def test_find_continuation(sequence, max_ngram, min_ngram, num_tokens, expected)
 
 def chain_settings(depth: int) -> DraftSettings:
     return DraftSettings("chain", depth, depth, 1, "full", 1, 1, min_draft_prob=0.0, lookup_num_tokens=8,
-                         lookup_max_ngram=3, lookup_min_ngram=1, verify_costs="off", synchronize_timers=False)
+                         lookup_max_ngram=3, lookup_min_ngram=1, verify_costs="off", draft_gate=False,
+                         synchronize_timers=False)
 
 
 def fixed_expand(token: int):
