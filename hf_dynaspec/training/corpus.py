@@ -277,12 +277,16 @@ def pending_prompts(tokenizer, records: Sequence[dict[str, Any]], done: set[str]
 
 
 def read_index(out: Path) -> dict[str, Any] | None:
-    path = out / INDEX_NAME
+    return read_versioned_json(out / INDEX_NAME, "version", CORPUS_VERSION)
+
+
+def read_versioned_json(path: Path, key: str, version: int) -> dict[str, Any] | None:
+    """A folder's JSON index (None when absent); a `key` other than `version` is refused with both named."""
     if not path.is_file():
         return None
     index = json.loads(path.read_text())
-    if index.get("version") != CORPUS_VERSION:
-        raise ValueError(f"{path} has corpus version {index.get('version')}, expected {CORPUS_VERSION}.")
+    if index.get(key) != version:
+        raise ValueError(f"{path} has {key} {index.get(key)}, expected {version}: written by another version.")
     return index
 
 

@@ -33,7 +33,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from ..targets import encode_prompt
-from .corpus import eos_token_ids, pad_token_id, prompt_key
+from .corpus import eos_token_ids, pad_token_id, prompt_key, read_versioned_json
 from .features import load_feature_shards, read_features_index
 
 INDEX_NAME = "index.json"
@@ -247,13 +247,7 @@ def _new_index(target, hidden_dtype: torch.dtype) -> dict[str, Any]:
 
 
 def _read_index(out: Path) -> dict[str, Any] | None:
-    path = out / INDEX_NAME
-    if not path.is_file():
-        return None
-    index = json.loads(path.read_text())
-    if index.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path} has format version {index.get('format_version')}, expected {FORMAT_VERSION}.")
-    return index
+    return read_versioned_json(out / INDEX_NAME, "format_version", FORMAT_VERSION)
 
 
 def _write_shard(out: Path, index: dict[str, Any], items: list[tuple[str, Conversation]]) -> None:
