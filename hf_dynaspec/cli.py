@@ -267,7 +267,8 @@ def _add_speculative(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-depth", type=int, default=None, help="deepest draft position")
     parser.add_argument("--draft-top-k", type=int, default=None, help="children proposed per expanded node")
     parser.add_argument("--head-mode", choices=HEAD_MODES, default=None,
-                        help="drafter head: router shortlist, whole vocabulary, or the static shortlist")
+                        help="drafter head: router shortlist, whole vocabulary, the static shortlist, the context's "
+                             "tokens + a frequent core, or router + context")
     parser.add_argument("--min-draft-prob", type=float, default=None,
                         help="drop drafts whose path probability is below this (0: off)")
     parser.add_argument("--lookup-num-tokens", type=int, default=None,
@@ -277,6 +278,8 @@ def _add_speculative(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify-costs", type=verify_costs_arg, default=None,
                         help="trim trees to what verification pays for: off, auto, or c(1),c(2),... "
                              "(cost of a target forward over 1, 2, ... tokens)")
+    parser.add_argument("--static-size", type=int, default=None,
+                        help="static head: keep only the N most frequent tokens of the drafter's ranked static list")
     parser.add_argument("--draft-gate", action=argparse.BooleanOptionalAction, default=None,
                         help="decode plainly for a while whenever drafted steps emit tokens more slowly than plain "
                              "ones (default: the drafter's generation_config.json)")
@@ -400,9 +403,10 @@ def cmd_quality(args: argparse.Namespace) -> int:
 def cmd_static(args: argparse.Namespace) -> int:
 
     drafter = DynaSpecDrafter.from_pretrained(args.drafter)
-    drafter.set_static_shortlist(frequent_tokens(args.data, args.size, drafter.config.vocab_size))
+    drafter.set_static_shortlist(frequent_tokens(args.data, args.size, drafter.config.vocab_size), ranked=True)
     drafter.save_pretrained(args.drafter)
-    print(f"{args.drafter}: static shortlist of the {drafter.config.static_shortlist_size} most frequent answer tokens")
+    print(f"{args.drafter}: static shortlist of the {drafter.config.static_shortlist_size} most frequent answer tokens "
+          "(ranked: `static_size=N` keeps the first N per call)")
     return 0
 
 

@@ -74,6 +74,8 @@ class DynaSpecConfig(PretrainedConfig):
         always_include_ids (`list[int]`): tokens always in the shortlist (the EOS ids by default).
         static_shortlist_size (`int`, *optional*): size of the stored static (frequency-ranked) shortlist
             used by `head_mode="static"`; 0 when the checkpoint carries none.
+        static_shortlist_ranked (`bool`, *optional*): the stored static tokens are in frequency order (most
+            frequent first), so a call can keep only the first N (`static_size`); False for lists stored by id.
         target_name_or_path (`str`, *optional*): where the target came from (informational).
         bos_token_id / eos_token_id / pad_token_id: the target's special tokens (same tokenizer).
     """
@@ -93,6 +95,7 @@ class DynaSpecConfig(PretrainedConfig):
         shortlist_schedule: str = "linear",
         always_include_ids: list[int] | None = None,
         static_shortlist_size: int = 0,
+        static_shortlist_ranked: bool = False,
         target_name_or_path: str | None = None,
         layer_family: str | None = None,
         drafter_architecture: str = "eagle1",
@@ -114,6 +117,7 @@ class DynaSpecConfig(PretrainedConfig):
         self.shortlist_schedule = shortlist_schedule
         self.always_include_ids = list(always_include_ids or [])
         self.static_shortlist_size = static_shortlist_size
+        self.static_shortlist_ranked = bool(static_shortlist_ranked)
         self.target_name_or_path = target_name_or_path
         self.layer_family = layer_family or target_model_type
         self.drafter_architecture = drafter_architecture

@@ -96,6 +96,7 @@ class ShortlistHead:
         always_include_ids: list[int],
         static_token_ids: torch.Tensor | None,
         transform: LogitTransform = LogitTransform(),
+        static_ranked: bool = False,
     ) -> None:
         self.weight = weight  # (V, d) the target's LM head, not copied
         self.transform = transform
@@ -109,10 +110,32 @@ class ShortlistHead:
         self.extra_ids = torch.tensor(sorted(set(always_include_ids)), dtype=torch.long, device=self.device)
         self.extra_weight = weight.index_select(0, self.extra_ids)  # (E, d)
         self.static_ids = None
+        self.static_ranked = static_ranked
+        self._static_prefixes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         if static_token_ids is not None and static_token_ids.numel() > 0:
-            ids = torch.unique(torch.cat([static_token_ids.to(self.device), self.extra_ids]))
-            self.static_ids = ids  # (S,)
-            self.static_weight = weight.index_select(0, ids)  # (S, d), copied once
+            self.static_ranking = static_token_ids.to(self.device)  # (S0,) as stored (ranked or by id)
+            self.static_ids, self.static_weight = self._static_columns(self.static_ranking.numel())
+
+    def _static_prefix(self, static_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        stored = self.static_ranking.numel()
+        if static_size is None or static_size == stored:
+            return self.static_ids, self.static_weight
+        if not self.static_ranked:
+            raise ValueError(
+                "static_size needs a frequency-ranked static shortlist; this drafter stores its static tokens by id: "
+                "store a ranked one with `hf-dynaspec static` (or `set_static_shortlist(ids, ranked=True)`)."
+            )
+        if not 1 <= static_size <= stored:
+            raise ValueError(f"static_size must be in [1, {stored}] (the stored static shortlist), got {static_size}.")
+        return self._static_columns(static_size)
+
+    def _static_columns(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first `size` stored static tokens with the always-included ids: (S,) ids, (S, d) rows (copied once
+        per size)."""
+        if size not in self._static_prefixes:
+            ids = torch.unique(torch.cat([self.static_ranking[:size], self.extra_ids]))  # (S,)
+            self._static_prefixes[size] = ids, self.weight.index_select(0, ids)
+        return self._static_prefixes[size]
 
     def context_columns(self, in_context: torch.Tensor, mode: str) -> ContextColumns:
         """The step's extra columns from in_context (V,) bool (the tokens read so far): with the always-included
@@ -132,9 +155,11 @@ class ShortlistHead:
         router_logits: torch.Tensor | None = None,
         k: int | list[int] | torch.Tensor = 1,
         context: ContextColumns | None = None,
+        static_size: int | None = None,
     ) -> HeadOutput:
         """features: (T, d) drafter outputs -> HeadOutput over the mode's shortlist; k: clusters per position;
-        context: the step's `context_columns` ("context" and "union" modes)."""
+        context: the step's `context_columns` ("context" and "union" modes); static_size: use only the first N
+        of a frequency-ranked static shortlist ("static" mode; None: all of it)."""
         if mode in CONTEXT_MODES and context is None:
             raise ValueError(f"head_mode={mode!r} needs the step's context columns (`context_columns`).")
         if mode == "context":
@@ -155,9 +180,10 @@ class ShortlistHead:
                     "head_mode='static' needs a static shortlist: build the drafter with "
                     "`static_token_ids=` (e.g. the most frequent tokens) or use head_mode='dynamic'."
                 )
-            logits = self.transform(F.linear(features, self.static_weight).float())  # (T, S)
+            ids, weight = self._static_prefix(static_size)
+            logits = self.transform(F.linear(features, weight).float())  # (T, S)
             sizes = torch.full((logits.shape[0],), logits.shape[1], device=self.device)
-            return HeadOutput(self.static_ids, logits, sizes)
+            return HeadOutput(ids, logits, sizes)
         if mode == "dynamic":
             if router_logits is None:
                 raise ValueError("head_mode='dynamic' needs router logits.")

@@ -192,12 +192,20 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
             ) from err
         return self
 
-    def set_static_shortlist(self, token_ids: torch.Tensor) -> None:
-        """Store the fixed token set of `head_mode="static"` (e.g. the most frequent tokens) in the drafter."""
-        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().unique()
+    def set_static_shortlist(self, token_ids: torch.Tensor, ranked: bool = False) -> None:
+        """Store the fixed token set of `head_mode="static"` (e.g. the most frequent tokens) in the drafter.
+        `ranked=True`: `token_ids` are in frequency order, most frequent first (kept so; duplicates dropped), so
+        a call can use only the first N (`static_size`); else they are stored sorted by id."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+        if ranked:
+            first = {int(t): i for i, t in reversed(list(enumerate(ids.tolist())))}  # first occurrence of each
+            ids = ids[sorted(first.values())]
+        else:
+            ids = ids.unique()
         if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < self.config.vocab_size:
             raise ValueError(f"static shortlist ids must lie in [0, {self.config.vocab_size}).")
         self.config.static_shortlist_size = int(ids.numel())
+        self.config.static_shortlist_ranked = ranked
         self.static_token_ids = ids.to(self.cluster_permutation.device)
         if self._binding is not None:
             self.bind(self._binding.target, force=True)
@@ -254,7 +262,8 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
             self.to(device=weight.device, dtype=weight.dtype)
         static_ids = self.static_token_ids if self.static_token_ids.numel() else None
         transform = LogitTransform.of(target.config)
-        head = ShortlistHead(weight, self.clusters, self.config.always_include_ids, static_ids, transform)
+        head = ShortlistHead(weight, self.clusters, self.config.always_include_ids, static_ids, transform,
+                             static_ranked=self.config.static_shortlist_ranked)
         self._binding = _Binding(target, target.get_input_embeddings(), head)
         return self
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from helpers import tiny_drafter, tiny_target
+from helpers import greedy, prompt, tiny_drafter, tiny_target
 from transformers import AutoConfig, AutoModel
 
 from hf_dynaspec import DynaSpecConfig, DynaSpecDrafter, DynaSpecGenerationConfig
@@ -301,3 +301,33 @@ def test_union_head_is_the_router_clusters_plus_the_context_each_token_once(eos_
         assert live.numel() == len(allowed) == int(head.shortlist_sizes[t])
         idx = torch.tensor(sorted(allowed))
         torch.testing.assert_close(vocab[t, idx], dense[t, idx], rtol=1e-5, atol=1e-5)
+
+
+def test_ranked_static_shortlist_keeps_a_prefix_per_call(tmp_path, eos_target):
+    ranked = torch.tensor([40, 7, 99, 7, 5, 17])  # most frequent first (a duplicate is dropped)
+    drafter = tiny_drafter(eos_target)
+    drafter.set_static_shortlist(ranked, ranked=True)
+    assert drafter.static_token_ids.tolist() == [40, 7, 99, 5, 17] and drafter.config.static_shortlist_ranked
+    out = draft_once(drafter, head_mode=None)
+    head = drafter.bound_head
+    top3 = head.logits(out.hidden_states[0], "static", static_size=3)
+    assert set(top3.token_ids.tolist()) == {40, 7, 99, 2}  # the 3 most frequent and EOS
+    assert set(head.logits(out.hidden_states[0], "static").token_ids.tolist()) == {40, 7, 99, 5, 17, 2}
+    drafter.save_pretrained(tmp_path)
+    loaded = DynaSpecDrafter.from_pretrained(tmp_path).bind(eos_target)
+    assert loaded.static_token_ids.tolist() == [40, 7, 99, 5, 17] and loaded.config.static_shortlist_ranked
+    by_id = tiny_drafter(eos_target, static_token_ids=torch.tensor([5, 9, 17]))
+    with pytest.raises(ValueError, match="frequency-ranked"):
+        by_id.bound_head.logits(out.hidden_states[0], "static", static_size=2)
+
+
+def test_static_size_keeps_greedy_exact_and_is_validated(eos_target):
+    drafter = tiny_drafter(eos_target)
+    drafter.set_static_shortlist(torch.arange(3, 100), ranked=True)
+    ids = prompt(7)
+    out = eos_target.generate(ids, assistant_model=drafter, head_mode="static", static_size=20, max_new_tokens=16,
+                              do_sample=False, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, greedy(eos_target, ids, max_new_tokens=16))
+    assert out.speculative_stats.mean_shortlist_size <= 21  # 20 tokens and EOS
+    with pytest.raises(ValueError, match="static_size=500"):
+        eos_target.generate(ids, assistant_model=drafter, head_mode="static", static_size=500, max_new_tokens=4)

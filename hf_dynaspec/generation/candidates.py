@@ -247,7 +247,8 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             for d in depths
         ]
         with self.stats.timer("head", self.device):
-            head = self.drafter.bound_head.logits(features, settings.head_mode, router_logits, budget, self.context)
+            head = self.drafter.bound_head.logits(features, settings.head_mode, router_logits, budget, self.context,
+                                                  settings.static_size)
         self.stats.add_shortlist(head.shortlist_sizes)
         logq = torch.log_softmax(head.logits, dim=-1)  # (F, S), -inf outside each shortlist
         top = logq.topk(min(settings.draft_top_k, logq.shape[-1]), dim=-1)

@@ -28,6 +28,7 @@ SPEC_FIELDS = (
     "head_mode",
     "shortlist_k0",
     "shortlist_k1",
+    "static_size",
     "min_draft_prob",
     "lookup_num_tokens",
     "lookup_max_ngram",
@@ -39,7 +40,7 @@ SPEC_FIELDS = (
 # Default tree for CPUs (small: verification of many nodes is costly there; see docs/architecture.md).
 DEFAULT_SETTINGS = dict(
     tree_policy="eagle2", num_draft_nodes=12, draft_depth=5, draft_top_k=4, head_mode="dynamic", min_draft_prob=0.0,
-    lookup_num_tokens=8, lookup_max_ngram=3, lookup_min_ngram=1, verify_costs="off",
+    lookup_num_tokens=8, lookup_max_ngram=3, lookup_min_ngram=1, verify_costs="off", static_size=None,
     draft_gate=False, synchronize_timers=False,
 )
 MAX_VERIFY_COSTS = 1025  # c(1..n) for every tree the budget allows (1 + 1024 nodes)
@@ -70,6 +71,8 @@ class DynaSpecGenerationConfig(GenerationConfig):
         verify_costs (`str` or `list[float]`): trim each tree to the nodes worth their verification cost
             (`generation.cost`): "off", "auto" (time the target's forwards once, on the first call), or the
             costs c(1), c(2), ... of a target forward over 1, 2, ... tokens, in decoding steps.
+        static_size (`int`, *optional*): "static" head: use only the N most frequent tokens of the drafter's
+            frequency-ranked static shortlist (None: all of it), e.g. to compare shortlist sizes in one run.
         draft_gate (`bool`): draft only where it pays: when drafted steps emit tokens more slowly than plain
             steps of the same call, decode plainly for a while (backing off exponentially) and try again
             (`generation.gate`); output is unchanged either way.
@@ -91,6 +94,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         lookup_max_ngram: int | None = None,
         lookup_min_ngram: int | None = None,
         verify_costs: str | list[float] | None = None,
+        static_size: int | None = None,
         draft_gate: bool | None = None,
         synchronize_timers: bool | None = None,
         **kwargs: Any,
@@ -107,6 +111,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         self.lookup_max_ngram = lookup_max_ngram
         self.lookup_min_ngram = lookup_min_ngram
         self.verify_costs = list(verify_costs) if isinstance(verify_costs, tuple) else verify_costs
+        self.static_size = static_size
         self.draft_gate = draft_gate
         self.synchronize_timers = synchronize_timers
         super().__init__(**kwargs)
@@ -146,6 +151,7 @@ class DraftSettings:
     lookup_max_ngram: int
     lookup_min_ngram: int
     verify_costs: str | tuple[float, ...]
+    static_size: int | None
     draft_gate: bool
     synchronize_timers: bool
 
@@ -162,8 +168,11 @@ def check_speculative_fields(fields: dict[str, Any]) -> None:
         "lookup_num_tokens": (0, 64),
         "lookup_max_ngram": (1, 64),
         "lookup_min_ngram": (1, 64),
+        "static_size": (1, 1 << 24),
     }
     for name, value in fields.items():
+        if name == "static_size" and value is None:
+            continue
         if name == "verify_costs":
             check_verify_costs(value)
         if name in ("synchronize_timers", "draft_gate") and not isinstance(value, bool):
@@ -179,6 +188,19 @@ def check_speculative_fields(fields: dict[str, Any]) -> None:
                 raise ValueError(
                     f"DynaSpecGenerationConfig.{name} must be an integer in [{low}, {high}], got {value!r}."
                 )
+
+
+def check_static_size(static_size: int | None, drafter_config: DynaSpecConfig) -> None:
+    """`static_size` needs a frequency-ranked static shortlist at least that long in the drafter."""
+    if static_size is None:
+        return
+    stored = drafter_config.static_shortlist_size
+    if not getattr(drafter_config, "static_shortlist_ranked", False) or static_size > stored:
+        raise ValueError(
+            f"static_size={static_size} needs a frequency-ranked static shortlist of at least that many tokens; "
+            f"the drafter stores {stored} ({'ranked' if drafter_config.static_shortlist_ranked else 'by id'}). "
+            "Store one with `hf-dynaspec static --size N`."
+        )
 
 
 def are_positive_costs(values: Any) -> bool:
@@ -226,6 +248,7 @@ def resolve_draft_settings(
             raise ValueError(
                 f"DynaSpecGenerationConfig.{name}={merged[name]} exceeds the drafter's {num_clusters} clusters."
             )
+    check_static_size(merged["static_size"], drafter_config)
     if isinstance(merged["verify_costs"], list):
         merged["verify_costs"] = tuple(float(c) for c in merged["verify_costs"])
     if merged["tree_policy"] == "chain":

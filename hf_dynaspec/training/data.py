@@ -304,10 +304,10 @@ def frequent_tokens(
     data_dirs: str | os.PathLike | Sequence[str | os.PathLike], size: int, vocab_size: int
 ) -> torch.Tensor:
     """The `size` most frequent answer tokens of one or several datasets (the FR-Spec / VocabTrim static
-    shortlist), counted on the target's own answers; ties broken by lower token id."""
+    shortlist), counted on the target's own answers, most frequent first (ties: lower token id first)."""
     counts = torch.zeros(vocab_size, dtype=torch.long)  # (V,)
     for data_dir in as_folders(data_dirs):
         for conv in load_dataset(data_dir):
             counts += torch.bincount(conv.input_ids[conv.loss_mask], minlength=vocab_size)[:vocab_size]
     order = torch.argsort(counts, descending=True, stable=True)  # (V,)
-    return order[:size].sort().values
+    return order[:size]
