@@ -4,7 +4,8 @@ Gemma 3 270M is a base model: it continues text. Its prompts are built three way
 - plain questions and instructions, as they are (the shared prompt mixes and the Magpie questions SmolLM2 wrote
   for its own corpus, data/corpus/smollm2/questions.jsonl);
 - a simple instruction format, "Question: ...\\nAnswer:";
-- plain-text continuation: the first sentences of GPTeacher responses (code and role-play) and GSM8K solutions.
+- plain-text continuation: the first sentences of GPTeacher responses (code and role-play) and GSM8K solutions,
+  except the solutions behind the held-out code slice (data/code_slice.jsonl).
 Gemma answers each greedily (bf16 batches, at most --max-new-tokens); its head (262,144 x 640) makes every
 token dear on a CPU, so the corpus is sized by --max-prompts. Resumes after an interruption.
 
@@ -14,6 +15,7 @@ token dear on a CPU, so the corpus is sized by --max-prompts. Resumes after an i
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -24,6 +26,7 @@ from hf_dynaspec.targets import load_target
 from hf_dynaspec.training.corpus import write_answers
 
 SHARED = Path("../shared/data")
+CODE_SLICE = Path("data/code_slice.jsonl")  # held-out evaluation prompts (code_slice.py): never trained on
 
 
 def questions() -> list[dict]:
@@ -43,7 +46,9 @@ def continuations(rng: random.Random, count: int) -> list[dict]:
     gsm8k = SHARED / "gsm8k/train.jsonl"
     if gsm8k.is_file():
         texts += [json.loads(line)["answer"] for line in gsm8k.read_text().splitlines()]
-    texts = [t for t in texts if len(t) > 200]
+    held_out = {json.loads(line)["solution_sha"] for line in CODE_SLICE.read_text().splitlines()} \
+        if CODE_SLICE.is_file() else set()
+    texts = [t for t in texts if len(t) > 200 and hashlib.sha1(t.encode()).hexdigest() not in held_out]
     rng.shuffle(texts)
     return [{"prompt": ". ".join(t.split(". ")[:2]).strip(), "source": "continuation"} for t in texts[:count]]
 
