@@ -122,6 +122,9 @@ def test_load_prompts_fields_and_spec_bench_refused(tmp_path):
     (bad / "question.jsonl").write_text(json.dumps({"turns": ["x"]}))
     with pytest.raises(ValueError, match="Spec-Bench"):
         load_prompts(bad / "question.jsonl")
+    (tmp_path / "code_slice.jsonl").write_text(json.dumps({"prompt": "def f():"}))
+    with pytest.raises(ValueError, match="code slice"):
+        load_prompts(tmp_path / "code_slice.jsonl")
 
 
 def test_training_loss_decreases_and_resumes(tiny, arch_data, tmp_path):

@@ -79,9 +79,9 @@ def load_prompts(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list
 
 def _refuse_eval_set(path: str | os.PathLike) -> None:
     name = Path(path).as_posix().lower().replace("-", "_")
-    if "spec_bench" in name or ("gsm8k" in name and "test" in Path(name).name):
+    if "spec_bench" in name or "code_slice" in name or ("gsm8k" in name and "test" in Path(name).name):
         raise ValueError(
-            f"{path} looks like an evaluation set (Spec-Bench, GSM8K test): training on it would contaminate "
+            f"{path} looks like an evaluation set (Spec-Bench, GSM8K test, the code slice): training on it would contaminate "
             "the measurements. Use other prompt sets (e.g. ShareGPT, UltraChat, GSM8K train, code)."
         )
 
