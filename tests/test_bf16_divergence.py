@@ -1,0 +1,33 @@
+"""benchmarks/bf16_divergence.py: where two greedy outputs first differ, and the summary it reports."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("bf16_divergence", ROOT / "benchmarks" / "bf16_divergence.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bf16_divergence"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_first_divergence_and_summary(tmp_path):
+    script = load_script()
+    assert script.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert script.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert script.first_divergence([1, 2, 3], [1, 2]) == 2  # a shorter output differs where it stops
+    records = [{"question_id": q, "method": m, "first_divergence": d}
+               for q, m, d in [("a", "dynaspec", None), ("b", "dynaspec", 7), ("c", "dynaspec", 3),
+                               ("a", "batch2", None), ("b", "batch2", None), ("c", "batch2", 9),
+                               ("a", "lookup", None), ("b", "lookup", None), ("c", "lookup", None)]]
+    summary = script.summarize(records)
+    assert summary["dynaspec"] == {"prompts": 3, "diverged": 2, "share_diverged": 2 / 3, "median_first_divergence": 5}
+    assert summary["lookup"]["diverged"] == 0 and summary["lookup"]["median_first_divergence"] is None
+    script.write_results(tmp_path, records, {"prompts": 3, "max_new_tokens": 16, "machine": "test"})
+    assert "| dynaspec | 3 | 2 | 66.7% | 5 |" in (tmp_path / "results.md").read_text()
