@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
-from hf_dynaspec.bench import load_bench_prompts, machine_description
+from hf_dynaspec.bench import load_bench_prompts, machine_description, write_doc_block
 from hf_dynaspec.generation.calibration import measure_walk_rows, time_forward
 from hf_dynaspec.generation.verify import crop_cache
 from hf_dynaspec.targets import load_target
@@ -151,11 +150,7 @@ def markdown(results: dict) -> str:
 
 
 def update_doc(table: str) -> None:
-    text = DOC.read_text()
-    begin, end = "<!-- gemma3-costs:begin -->", "<!-- gemma3-costs:end -->"
-    block = f"{begin}\n{table}\n{end}"
-    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
-    DOC.write_text(pattern.sub(lambda _: block, text) if pattern.search(text) else text + "\n" + block + "\n")
+    write_doc_block(DOC, "gemma3-costs", table)
 
 
 def main() -> None:

@@ -91,6 +91,17 @@ def machine_description() -> str:
     return f"{cpu}, {os.cpu_count()} logical cores{gpu}, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
+def write_doc_block(path: str | Path, name: str, text: str) -> None:
+    """Put generated `text` between `<!-- name:begin -->` and `<!-- name:end -->` in a markdown file (appended
+    when the markers are absent): docs quote measured figures only through such blocks."""
+    path = Path(path)
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    block = f"{begin}\n{text}\n{end}"
+    doc = path.read_text()
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    path.write_text(pattern.sub(lambda _: block, doc) if pattern.search(doc) else doc + "\n" + block + "\n")
+
+
 def load_bench_prompts(path: str | Path | None = None, limit: int | None = None) -> list[dict]:
     """Records with `question_id`, `category`, `prompt` from a JSONL file (fields `turns` or `prompt`);
     `limit` keeps the first N prompts of every category."""
