@@ -27,7 +27,9 @@ def test_first_divergence_and_summary(tmp_path):
                                ("a", "batch2", None), ("b", "batch2", None), ("c", "batch2", 9),
                                ("a", "lookup", None), ("b", "lookup", None), ("c", "lookup", None)]]
     summary = script.summarize(records)
-    assert summary["dynaspec"] == {"prompts": 3, "diverged": 2, "share_diverged": 2 / 3, "median_first_divergence": 5}
+    dynaspec = summary["dynaspec"]
+    assert (dynaspec["prompts"], dynaspec["diverged"], dynaspec["median_first_divergence"]) == (3, 2, 5)
+    assert dynaspec["mcnemar_vs_batch2"]["discordant"] == [0, 1]  # b kept by batch2 only; none the other way
     assert summary["lookup"]["diverged"] == 0 and summary["lookup"]["median_first_divergence"] is None
     script.write_results(tmp_path, records, {"prompts": 3, "max_new_tokens": 16, "machine": "test"})
     assert "| dynaspec | 3 | 2 | 66.7% | 5 |" in (tmp_path / "results.md").read_text()
