@@ -29,7 +29,14 @@ from .candidates import DynaSpecCandidateGenerator
 from .config import resolve_draft_settings
 from .gate import DraftGate
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
-from .verify import head_reproduces_logits, keep_accepted, select_hidden_states, verify_forward, walk_tree
+from .verify import (
+    head_reproduces_logits,
+    hidden_state_request,
+    keep_accepted,
+    select_hidden_states,
+    verify_forward,
+    walk_tree,
+)
 
 
 @dataclass
@@ -126,7 +133,8 @@ def prefill(target: torch.nn.Module, run: _Run, feature_layers: list[int]) -> tu
     prompt = run.input_ids
     with run.stats.timer("prefill", target.device):
         last_only = {"logits_to_keep": 1} if target._supports_logits_to_keep() else {}
-        out = target(input_ids=prompt, cache=run.cache, use_cache=True, output_hidden_states=True, **last_only)
+        keep = hidden_state_request(target.config, feature_layers)  # only the layers read, not all of them
+        out = target(input_ids=prompt, cache=run.cache, use_cache=True, output_hidden_states=keep, **last_only)
         raw = out.logits[:, -1].float()  # (1, V)
         # On CPU the LM head's cost grows with its rows: apply it only along the walk when that is exact, as
         # many rows at once as cost about one here (measured once per target)

@@ -103,6 +103,14 @@ def select_hidden_states(hidden_states: tuple[torch.Tensor, ...], layer_ids: lis
     return torch.cat([hidden_states[i] for i in layer_ids], dim=-1)
 
 
+def hidden_state_request(config, feature_layers: list[int] | tuple[int, ...]) -> list[int]:
+    """`output_hidden_states` for a target forward that keeps only what decoding reads: the drafter's feature
+    layers and the final normed state (index num_hidden_layers), as non-negative indices (transformers keeps
+    None at the other positions of the tuple, so `select_hidden_states` indexes it as usual)."""
+    final = config.get_text_config().num_hidden_layers
+    return sorted({final} | {i if i >= 0 else final + 1 + i for i in feature_layers})
+
+
 def verify_forward(
     target: torch.nn.Module,
     cache: DynamicCache,
@@ -128,7 +136,7 @@ def verify_forward(
         position_ids=positions[None],
         cache=cache,
         use_cache=True,
-        output_hidden_states=True,
+        output_hidden_states=hidden_state_request(target.config, feature_layers),
         **({"logits_to_keep": torch.tensor(rows, device=device)} if walk_logits else {}),
     )
     features = select_hidden_states(out.hidden_states, list(feature_layers))[0]  # (n, k * d)
