@@ -7,7 +7,7 @@ import torch
 from helpers import prompt
 
 from hf_dynaspec import DynaSpecConfig, DynaSpecGenerationConfig
-from hf_dynaspec.generation.config import DraftSettings, resolve_draft_settings
+from hf_dynaspec.generation.config import DEFAULT_SETTINGS, DraftSettings, resolve_draft_settings
 from hf_dynaspec.generation.lookup import find_continuation
 from hf_dynaspec.generation.tree import DraftTree, grow_tree
 
@@ -35,9 +35,8 @@ def test_find_continuation(sequence, max_ngram, min_ngram, num_tokens, expected)
 
 
 def chain_settings(depth: int) -> DraftSettings:
-    return DraftSettings("chain", depth, depth, 1, "full", 1, 1, min_draft_prob=0.0, lookup_num_tokens=8,
-                         lookup_max_ngram=3, lookup_min_ngram=1, verify_costs="off", draft_gate=False,
-                         synchronize_timers=False)
+    return DraftSettings(**{**DEFAULT_SETTINGS, "tree_policy": "chain", "num_draft_nodes": depth, "draft_depth": depth,
+                            "draft_top_k": 1, "head_mode": "full", "shortlist_k0": 1, "shortlist_k1": 1})
 
 
 def fixed_expand(token: int):
