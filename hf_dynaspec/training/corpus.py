@@ -196,12 +196,8 @@ def answer_batch(
     """Greedy answers (each trimmed after its first end-of-sequence token) of one left-padded batch, and with
     `capture_layers` the target's features of every conversation as it generated them: (hidden (L - 1, d) the
     final normed states, aux (L - 1, k * d) the layers `capture_layers`), float16 (see `features.py`)."""
-    width = max(len(p) for p in prompt_ids)
-    input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)  # (B, P)
-    attention_mask = torch.zeros_like(input_ids)
-    for row, ids in enumerate(prompt_ids):
-        input_ids[row, width - len(ids):] = torch.tensor(ids)
-        attention_mask[row, width - len(ids):] = 1
+    input_ids, attention_mask = left_pad(prompt_ids, pad_id)  # (B, P) each
+    width = input_ids.shape[1]
     final = model.config.get_text_config().num_hidden_layers  # the final normed state's index
     capture = {} if capture_layers is None else dict(
         output_hidden_states=sorted(set(capture_layers) | {final}), return_dict_in_generate=True)
@@ -224,6 +220,17 @@ def answer_batch(
         aux = torch.cat([layers[i][row, span] for i in capture_layers], dim=-1).float()  # (L - 1, k * d)
         rows.append((hidden.half().numpy(), aux.half().numpy()))
     return answers, rows
+
+
+def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A left-padded batch: input_ids (B, P) and attention_mask (B, P), P the longest prompt."""
+    width = max(len(p) for p in prompt_ids)
+    input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)  # (B, P)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, ids in enumerate(prompt_ids):
+        input_ids[row, width - len(ids):] = torch.tensor(ids)
+        attention_mask[row, width - len(ids):] = 1
+    return input_ids, attention_mask
 
 
 ShardCallback = Callable[[int, list[CorpusConversation], list, float], None]

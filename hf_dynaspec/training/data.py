@@ -33,7 +33,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from ..targets import encode_prompt
-from .corpus import eos_token_ids, pad_token_id, prompt_key, read_versioned_json
+from .corpus import eos_token_ids, left_pad, pad_token_id, prompt_key, read_versioned_json
 from .features import load_feature_shards, read_features_index
 
 INDEX_NAME = "index.json"
@@ -180,12 +180,8 @@ def generate_batch(
 ) -> list[Conversation]:
     """Greedy answers of one left-padded batch, with the target's last hidden state of every fed token."""
     device = target.get_output_embeddings().weight.device
-    width = max(len(p) for p in prompt_ids)
-    input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)  # (B, P)
-    attention_mask = torch.zeros_like(input_ids)
-    for row, ids in enumerate(prompt_ids):
-        input_ids[row, width - len(ids):] = torch.tensor(ids)
-        attention_mask[row, width - len(ids):] = 1
+    input_ids, attention_mask = left_pad(prompt_ids, pad_id)  # (B, P) each
+    width = input_ids.shape[1]
     kwargs = dict(
         input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), max_new_tokens=max_new_tokens,
         min_new_tokens=1, do_sample=False, pad_token_id=pad_id, return_dict_in_generate=True,
