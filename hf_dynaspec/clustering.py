@@ -321,7 +321,17 @@ class VocabClusters:
         Clusters are deduplicated and sorted, and clusters adjacent in the layout are merged, so
         the slices are sorted, disjoint and non-touching.
         """
-        return merge_runs(self._cluster_ids(cluster_ids).tolist(), self.offsets.tolist())
+        ids = self._cluster_ids(cluster_ids).tolist()
+        offsets = self.offsets.tolist()
+        starts: list[int] = []
+        ends: list[int] = []
+        for c in ids:
+            if ends and ends[-1] == offsets[c]:
+                ends[-1] = offsets[c + 1]
+            else:
+                starts.append(offsets[c])
+                ends.append(offsets[c + 1])
+        return starts, ends
 
     def positions_of(self, cluster_ids: ClusterIds) -> Tensor:
         """(K,) int64 sorted layout positions of the given clusters' tokens.
@@ -382,20 +392,6 @@ class VocabClusters:
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_clusters):
             raise ValueError(f"cluster ids must lie in [0, {self.num_clusters})")
         return torch.unique(ids)  # sorted
-
-
-def merge_runs(sorted_ids: list[int], offsets: list[int]) -> tuple[list[int], list[int]]:
-    """Layout slices [starts[k], ends[k]) of the clusters `sorted_ids` (ascending, distinct), adjacent clusters
-    merged: pure Python, so a caller holding the ids on the host reads no tensor."""
-    starts: list[int] = []
-    ends: list[int] = []
-    for c in sorted_ids:
-        if ends and ends[-1] == offsets[c]:
-            ends[-1] = offsets[c + 1]
-        else:
-            starts.append(offsets[c])
-            ends.append(offsets[c + 1])
-    return starts, ends
 
 
 def _offsets_from_sizes(sizes: Tensor) -> Tensor:

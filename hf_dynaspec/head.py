@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .clustering import VocabClusters, merge_runs
+from .clustering import VocabClusters
 from .ops import gathered_lm_head, segmented_lm_head
 from .router import select_clusters
 
@@ -197,12 +197,14 @@ class ShortlistHead:
         # on the host once: the one device synchronisation of a head call), then each position masks the
         # clusters it did not choose itself.
         union = [c for c, chosen in enumerate(selected.any(dim=0).tolist()) if chosen]  # (U,) ascending
-        starts, ends = merge_runs(union, self.offsets)  # contiguous row runs of the cluster-sorted layout
+        starts = [self.offsets[c] for c in union]  # each cluster's rows in the cluster-sorted layout
+        ends = [self.offsets[c + 1] for c in union]
         positions = torch.cat([torch.arange(a, b) for a, b in zip(starts, ends)] or [torch.arange(0)])  # (S,)
         token_ids = self.permutation[positions.to(self.device, non_blocking=True)]  # (S,)
         if features.is_cuda:
             logits = gathered_lm_head(features, self.weight, token_ids).float()  # (T, S)
         else:
+            # adjacent clusters' rows are one GEMM: segmented_lm_head merges touching ranges itself
             logits = segmented_lm_head(features, self.weight_by_cluster, starts, ends).float()  # (T, S)
         own = selected[:, self.cluster_of_token[token_ids]]  # (T, S)
         # Always-included ids (EOS) and, in "union" mode, the context's tokens: a column each, live unless the

@@ -51,7 +51,9 @@ def measure_walk_rows(target: torch.nn.Module, max_rows: int = MAX_WALK_ROWS, re
     return memo[key]
 
 
-def _median_seconds(fn, repeats: int, device: torch.device) -> float:
+def _median_seconds(fn, repeats: int, device: torch.device, after=None) -> float:
+    """Median wall time of `fn()` over `repeats` runs, synchronised on accelerators; `after()` (untimed) runs
+    after each one (e.g. cropping a cache back)."""
     times = []
     for _ in range(repeats):
         _synchronize(device)
@@ -59,6 +61,8 @@ def _median_seconds(fn, repeats: int, device: torch.device) -> float:
         fn()
         _synchronize(device)
         times.append(time.perf_counter() - start)
+        if after is not None:
+            after()
     return statistics.median(times)
 
 
@@ -76,16 +80,12 @@ def time_forward(
     mask = target_masks(target.config, allowed, key_positions[context:], key_positions, target.dtype)
     positions = key_positions[None, context:]  # (1, n)
     keep = {"logits_to_keep": torch.arange(min(n, walk_rows), device=device)} if walk_rows else {}
-    times = []
-    for _ in range(repeats):
-        _synchronize(device)
-        start = time.perf_counter()
+
+    def forward() -> None:
         target(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
                output_hidden_states=True, **keep)
-        _synchronize(device)
-        times.append(time.perf_counter() - start)
-        crop_cache(cache, context)  # drop the n tokens again
-    return statistics.median(times)
+
+    return _median_seconds(forward, repeats, device, after=lambda: crop_cache(cache, context))  # drop the n tokens
 
 
 def measure_verify_costs(

@@ -195,7 +195,7 @@ def check_static_size(static_size: int | None, drafter_config: DynaSpecConfig) -
     if static_size is None:
         return
     stored = drafter_config.static_shortlist_size
-    if not getattr(drafter_config, "static_shortlist_ranked", False) or static_size > stored:
+    if not drafter_config.static_shortlist_ranked or static_size > stored:
         raise ValueError(
             f"static_size={static_size} needs a frequency-ranked static shortlist of at least that many tokens; "
             f"the drafter stores {stored} ({'ranked' if drafter_config.static_shortlist_ranked else 'by id'}). "

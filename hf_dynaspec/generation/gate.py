@@ -5,7 +5,8 @@ over one token. When the drafter is weak on a text (or the machine makes wide fo
 can emit tokens more slowly than plain decoding. `DraftGate` keeps running means of the seconds per emitted
 token of both kinds of step in the current generate() call, measured as they happen:
 
-    draft next step  <=>  no plain step measured yet is not the case, and no back-off is pending
+    draft next step  <=>  a plain step has been measured since the last `remeasure` drafted steps (or nothing
+                          has been measured yet), and no back-off is pending
     after a drafted step (the first after plain ones replaces s_draft, later ones update it):
                            if s_draft > s_plain:  decode plainly for `backoff` steps, backoff <- 2 backoff (<= 16)
                            else:                  backoff <- 1

@@ -45,9 +45,10 @@ class WalkResult:
 
 @dataclass
 class NodeLogits:
-    """Raw target logits at tree nodes, each (1, V) fp32: precomputed rows, the rest made on demand by
-    `head` (the target's output embedding, then its `transform`: scaling, soft-capping) from `hidden` (n, d),
-    the final (normed) hidden states (both None when every row is precomputed)."""
+    """Raw target logits at tree nodes, each (1, V) fp32: every row of `full` (n, V) when the verification pass
+    computed them all; else precomputed `rows`, the rest made on demand by `head` (the target's output
+    embedding, then its `transform`: scaling, soft-capping) from `hidden` (n, d), the final (normed) hidden
+    states."""
 
     hidden: torch.Tensor | None
     head: torch.nn.Module | None
@@ -59,8 +60,7 @@ class NodeLogits:
     @classmethod
     def from_tensor(cls, logits: torch.Tensor) -> NodeLogits:
         """Every row known: logits (n, V)."""
-        rows = {i: logits[i : i + 1].float() for i in range(logits.shape[0])}
-        return cls(hidden=None, head=None, rows=rows, full=logits)
+        return cls(hidden=None, head=None, rows={}, full=logits)
 
     def argmax_all(self) -> list[int] | None:
         """Every node's argmax, read on the host in one transfer (None when rows are made on demand)."""
@@ -68,7 +68,10 @@ class NodeLogits:
 
     def row(self, node: int) -> torch.Tensor:
         if node not in self.rows:
-            self.rows[node] = self.transform(self.head(self.hidden[node : node + 1]).float())  # (1, V)
+            if self.full is not None:
+                self.rows[node] = self.full[node : node + 1].float()  # (1, V)
+            else:
+                self.rows[node] = self.transform(self.head(self.hidden[node : node + 1]).float())  # (1, V)
         return self.rows[node]
 
 

@@ -206,20 +206,29 @@ def answer_batch(
         max_new_tokens=max_new_tokens, min_new_tokens=1, do_sample=False, pad_token_id=pad_id, **capture,
     )
     sequences = out.sequences if capture else out
-    answers = []
-    for row in sequences[:, width:].cpu():  # (S,)
-        stops = [i for i, t in enumerate(row.tolist()) if t in eos_ids]
-        answers.append(row[: stops[0] + 1] if stops else row)
+    answers = [trim_at_eos(row, eos_ids) for row in sequences[:, width:].cpu()]  # (S,) each
     if not capture:
         return answers, None
     layers = {i: torch.cat([step[i] for step in out.hidden_states], dim=1) for i in capture["output_hidden_states"]}
-    rows = []
-    for row, (ids, answer) in enumerate(zip(prompt_ids, answers)):
-        span = slice(width - len(ids), width + answer.numel() - 1)  # the L - 1 positions fed to the target
-        hidden = layers[final][row, span].float()  # (L - 1, d)
-        aux = torch.cat([layers[i][row, span] for i in capture_layers], dim=-1).float()  # (L - 1, k * d)
-        rows.append((hidden.half().numpy(), aux.half().numpy()))
-    return answers, rows
+    aux = torch.cat([layers[i] for i in capture_layers], dim=-1)  # (B, W + S - 1, k * d)
+    spans = [slice(width - len(ids), width + a.numel() - 1) for ids, a in zip(prompt_ids, answers)]
+    return answers, float16_rows(layers[final], aux, spans)
+
+
+def trim_at_eos(answer: torch.Tensor, eos_ids: set[int]) -> torch.Tensor:
+    """`answer` (S,) up to and including its first end-of-sequence token (all of it when there is none)."""
+    stops = [i for i, t in enumerate(answer.tolist()) if t in eos_ids]
+    return answer[: stops[0] + 1] if stops else answer
+
+
+def float16_rows(hidden: torch.Tensor, aux: torch.Tensor, spans: list[slice]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per conversation, its positions `spans[row]` of hidden (B, W, d) and aux (B, W, k * d), as float16 arrays
+    (how `features.py` stores them); a value beyond the float16 range is refused rather than stored as inf."""
+    limit = torch.finfo(torch.float16).max
+    if bool(hidden.abs().max() > limit) or bool(aux.abs().max() > limit):
+        raise ValueError("A target hidden state exceeds the float16 range: store these features in float32.")
+    return [(hidden[row, span].half().cpu().numpy(), aux[row, span].half().cpu().numpy())
+            for row, span in enumerate(spans)]
 
 
 def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -33,7 +33,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from ..targets import encode_prompt
-from .corpus import eos_token_ids, left_pad, pad_token_id, prompt_key, read_versioned_json
+from .corpus import eos_token_ids, left_pad, pad_token_id, prompt_key, read_versioned_json, trim_at_eos
 from .features import load_feature_shards, read_features_index
 
 INDEX_NAME = "index.json"
@@ -208,12 +208,7 @@ def generate_batch(
 
 def _conversation(prompt: list[int], answer: torch.Tensor, hidden: torch.Tensor, eos_ids: set[int]) -> Conversation:
     """Trim the answer after its first EOS; hidden: (len(prompt) + S - 1, d) -> (L - 1, d)."""
-    length = int(answer.numel())
-    for pos, tok in enumerate(answer.tolist()):
-        if tok in eos_ids:
-            length = pos + 1
-            break
-    input_ids = torch.cat([torch.tensor(prompt, dtype=torch.long), answer[:length]])  # (L,)
+    input_ids = torch.cat([torch.tensor(prompt, dtype=torch.long), trim_at_eos(answer, eos_ids)])  # (L,)
     loss_mask = torch.zeros(input_ids.numel(), dtype=torch.bool)
     loss_mask[len(prompt):] = True
     return Conversation(input_ids, loss_mask, hidden[: input_ids.numel() - 1].clone())

@@ -32,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation.verify import select_hidden_states
-from .corpus import CorpusConversation, load_corpus
+from .corpus import CorpusConversation, float16_rows, load_corpus
 
 FORMAT = "features"
 INDEX_NAME = "index.json"
@@ -50,16 +50,8 @@ def forward_features(
     for row, conv in enumerate(convs):
         input_ids[row, : conv.input_ids.numel()] = conv.input_ids
     out = target.model(input_ids=input_ids.to(device), output_hidden_states=True, use_cache=False)
-    hidden = out.hidden_states[-1].float()  # (B, W, d)
-    aux = select_hidden_states(out.hidden_states, layer_ids).float()  # (B, W, k * d)
-    limit = torch.finfo(torch.float16).max
-    if bool(aux.abs().max() > limit):
-        raise ValueError("A target hidden state exceeds the float16 range: store these features in float32.")
-    result = []
-    for row, conv in enumerate(convs):
-        length = conv.input_ids.numel() - 1
-        result.append((hidden[row, :length].half().cpu().numpy(), aux[row, :length].half().cpu().numpy()))
-    return result
+    aux = select_hidden_states(out.hidden_states, layer_ids)  # (B, W, k * d)
+    return float16_rows(out.hidden_states[-1], aux, [slice(0, c.input_ids.numel() - 1) for c in convs])
 
 
 def batches_by_tokens(convs: list[CorpusConversation], max_tokens: int) -> list[list[int]]:

@@ -341,7 +341,7 @@ def train_drafter(
     saved = load_checkpoint(ckpt, drafter, optimizer) if resume else None
     start = int(saved["step"]) if saved else 0
     curve: list[dict[str, Any]] = list(saved.get("curve", [])) if saved else []
-    seen = int(saved.get("positions_seen", 0)) if saved else 0
+    seen_before = int(saved.get("positions_seen", 0)) if saved else 0
     history: list[float] = []
     generator = torch.Generator().manual_seed(seed + start)
     drafter.train()
@@ -352,7 +352,8 @@ def train_drafter(
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, steps, lr, warmup)
             batch = sample_batch(train, batch_size, seq_len, generator)
-            with autocast(autocast_dtype, drafter.fc.weight.device):
+            with torch.autocast(drafter.fc.weight.device.type, dtype=autocast_dtype or torch.bfloat16,
+                                enabled=autocast_dtype is not None):
                 parts = drafter_losses(drafter, batch, head_positions, router_top_l, soft_targets, generator,
                                        unroll, unroll_decay)
                 loss = weights.total(parts)
@@ -362,7 +363,7 @@ def train_drafter(
             optimizer.step()
             history.append(float(loss.detach()))
             tokens += int(batch.valid.sum())
-            seen += int(batch.valid.sum())
+            seen = seen_before + tokens
             bar.set_postfix(loss=f"{history[-1]:.3f}", top1=f"{float(parts['top1']):.2f}")
             done = step + 1
             if eval_every and (done % eval_every == 0 or done == steps):
@@ -398,16 +399,6 @@ def load_split(
     if not train:
         raise ValueError(f"{', '.join(map(str, data_dirs))} holds no training conversations.")
     return train, heldout
-
-
-@contextmanager
-def autocast(dtype: torch.dtype | None, device: torch.device) -> Iterator[None]:
-    """torch.autocast on `device` in `dtype` (None: full precision)."""
-    if dtype is None:
-        yield
-        return
-    with torch.autocast(device.type, dtype=dtype):
-        yield
 
 
 def curve_point(drafter, heldout: list[Conversation], seq_len: int, step: int, seen: int, unroll: int,

@@ -15,7 +15,6 @@ token dear on a CPU, so the corpus is sized by --max-prompts. Resumes after an i
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import torch
 
 from hf_dynaspec.targets import load_target
-from hf_dynaspec.training.corpus import write_answers
+from hf_dynaspec.training.corpus import prompt_key, write_answers
 
 SHARED = Path("../shared/data")
 CODE_SLICE = Path("data/code_slice.jsonl")  # held-out evaluation prompts (code_slice.py): never trained on
@@ -48,7 +47,7 @@ def continuations(rng: random.Random, count: int) -> list[dict]:
         texts += [json.loads(line)["answer"] for line in gsm8k.read_text().splitlines()]
     held_out = {json.loads(line)["solution_sha"] for line in CODE_SLICE.read_text().splitlines()} \
         if CODE_SLICE.is_file() else set()
-    texts = [t for t in texts if len(t) > 200 and hashlib.sha1(t.encode()).hexdigest() not in held_out]
+    texts = [t for t in texts if len(t) > 200 and prompt_key(t) not in held_out]
     rng.shuffle(texts)
     return [{"prompt": ". ".join(t.split(". ")[:2]).strip(), "source": "continuation"} for t in texts[:count]]
 

@@ -12,10 +12,11 @@ defined. Not from Spec-Bench, not a public benchmark. Deterministic for a seed.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 from pathlib import Path
+
+from hf_dynaspec.training.corpus import prompt_key
 
 SOURCE = Path("../shared/data/gpteacher/codegen-instruct.json")
 TRAIN_MIXES = (Path("data/train_prompts.jsonl"), Path("data/train_prompts_round2.jsonl"))
@@ -48,14 +49,10 @@ def build_slice(count: int, fraction: float, seed: int) -> list[dict]:
         prefix = code_prefix(record["response"], fraction)
         if prefix is not None:
             out.append({"question_id": f"code-{len(out):03d}", "category": "code_slice", "prompt": prefix,
-                        "solution_sha": _sha(record["response"])})
+                        "solution_sha": prompt_key(record["response"])})
         if len(out) == count:
             break
     return out
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()
 
 
 def main() -> None:
