@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# The one GPU command (device tool: an H200 with transformers 5.17 / torch 2.11 / triton 3.6 and no network).
-# This package needs transformers >= 5.20 (5.17 takes `past_key_values=`, not `cache=`), so the wheels below are
-# downloaded here first and carried along (the `run` tool's `carry`, 64 MiB at most):
-#   pip download --no-deps -d wheelhouse transformers==5.24.0 "huggingface_hub>=1.31,<3" safetensors==0.8.0
-#   pip download --no-deps -d wheelhouse --only-binary=:all: --python-version 3.X "tokenizers>=0.23.1,<0.24"
-#     (3.X: the GPU machine's Python; check with `python -V` in the same run if unsure)
-# then, on the device:  bash benchmarks/gpu_run.sh   (resumable: rerun it if it stops at the time limit)
+# The one GPU command (device tool: an H200 with Python 3.12, torch 2.11, triton 3.6, transformers 5.17 and no
+# network). This package needs transformers >= 5.20 (5.17 takes `past_key_values=`, not `cache=`); the
+# machine's huggingface_hub 1.33, tokenizers 0.23 and safetensors 0.8 already satisfy transformers 5.24. So
+# download that one wheel here first and carry it along (the `run` tool's `carry`, 64 MiB at most):
+#   echo /wheelhouse/ >> .git/info/exclude
+#   pip download --no-deps -d wheelhouse transformers==5.24.0
+# then, on the device (carry: ["wheelhouse"]):  bash benchmarks/gpu_run.sh   (resumable: rerun it if it stops)
+# The package runs from this checkout (the suite puts it on sys.path): nothing is built there, since a
+# build-isolated `pip install -e .` would need the network.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${OUT:-benchmarks/results/gpu-h200}  # the device tool's $OUT comes back: commit it as benchmarks/results/gpu-h200
-python -V
+PY=${PYTHON:-python3}
+$PY -V
 if [ -d wheelhouse ]; then
-    pip install --no-index --no-deps --quiet wheelhouse/*.whl
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site wheelhouse/*.whl
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-pip install --no-deps --quiet -e .
-python -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)"
-timeout 560 python benchmarks/gpu_suite.py --out "$RESULTS" || echo "suite stopped (rc $?): rerun to resume"
+export PYTHONUNBUFFERED=1
+$PY -c "import transformers, torch, triton; print('transformers', transformers.__version__, 'torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv || true
+timeout "${SUITE_SECONDS:-500}" $PY benchmarks/gpu_suite.py --out "$RESULTS" "$@" || echo "suite stopped (rc $?): rerun to resume"

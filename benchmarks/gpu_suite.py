@@ -89,6 +89,7 @@ except Exception as err:  # noqa: BLE001
 
 SECTIONS = ("head", "verify", "drafter", "exactness", "syncs")
 TIMED_HEAD_MODES = ("full", "static", "dynamic")
+COLD_CACHE_BYTES = 256 * 2**20
 ROUTER_PLACEMENTS = ("beside", "sequential")
 
 # Random targets (Llama fields unless a family says otherwise); eos/pad None: generation runs to max_new_tokens.
@@ -130,6 +131,9 @@ class Plan:
     prompt_length: int
     new_tokens: int
     sync_targets: tuple[str, ...]
+    tune_cases: tuple[tuple[int, int, float], ...]  # (V, d, share) swept over TUNE_CONFIGS at tune_rows rows
+    tune_rows: int
+    tune_configs: tuple[tuple[int, int, int, int], ...]  # (block_s, block_k, num_warps, num_stages)
     trees: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(TREES))
 
 
@@ -141,6 +145,10 @@ FULL = Plan(
     num_clusters=64,
     exact_targets={"tiny-llama": ("llama", TINY), "tiny-qwen2": ("qwen2", TINY), "smollm2": ("llama", SMOLLM2)},
     prompts=3, prompt_length=24, new_tokens=48, sync_targets=("tiny-llama", "smollm2"),
+    tune_cases=((262144, 4096, 0.05), (262144, 4096, 0.125), (128256, 4096, 0.05), (262144, 576, 0.05)),
+    tune_rows=64,
+    tune_configs=tuple((bs, bk, w, st) for bs in (64, 128, 256) for bk in (64, 128) for w in (4, 8)
+                       for st in (2, 3, 4)),
 )
 QUICK = Plan(
     head_vocab=(1024, 4096), head_dims=(64,), head_shares=(0.02, 0.05, 0.125), head_rows=(1, 8),
@@ -150,6 +158,7 @@ QUICK = Plan(
     num_clusters=8,
     exact_targets={"tiny-llama": ("llama", TINY), "tiny-qwen2": ("qwen2", TINY), "smollm2": ("llama", QUICK_SMOLLM2)},
     prompts=2, prompt_length=8, new_tokens=12, sync_targets=("tiny-llama", "smollm2"),
+    tune_cases=((1024, 64, 0.125),), tune_rows=8, tune_configs=((16, 16, 4, 2), (32, 32, 4, 3)),
 )
 
 
@@ -165,6 +174,14 @@ class Context:
 
     def time_ms(self, fn: Callable[[], object], reset: Callable[[], object] | None = None) -> float:
         return time_ms(fn, self.device, self.plan.repeats, self.plan.warmup, reset)
+
+    def time_cold_ms(self, fn: Callable[[], object]) -> float:
+        """`time_ms` with the GPU's L2 cache flushed before every call (as in decoding, where the whole target
+        runs between two head calls): a write of COLD_CACHE_BYTES (H200 L2: 60 MB), untimed."""
+        if self.device.type != "cuda":
+            return self.time_ms(fn)
+        scratch = torch.empty(COLD_CACHE_BYTES, dtype=torch.uint8, device=self.device)
+        return self.time_ms(fn, reset=scratch.zero_)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -350,7 +367,7 @@ def head_case(ctx: Context, ops: ModuleType, weight: torch.Tensor, hidden: torch
     n, size = hidden.shape[0], weight.element_size()
     s = max(1, round(share * vocab))
     ids = torch.randperm(vocab, device=weight.device)[:s]  # (S,) unsorted, as a dynamic shortlist
-    index_ms = ctx.time_ms(lambda: hidden @ weight.index_select(0, ids).T)  # (N, S)
+    index_ms = ctx.time_cold_ms(lambda: hidden @ weight.index_select(0, ids).T)  # (N, S)
     moved = s * d * size + n * d * size + n * s * size + s * ids.element_size()
     dense_moved = vocab * d * size + n * d * size + n * vocab * size
     row: dict[str, Any] = dict(
@@ -364,7 +381,7 @@ def head_case(ctx: Context, ops: ModuleType, weight: torch.Tensor, hidden: torch
         got = ops.gathered_lm_head(hidden, weight, ids, backend="triton").float()
         row["triton_max_abs_err"] = float((got - expected).abs().max())
         row["triton_max_rel_err"] = row["triton_max_abs_err"] / max(float(expected.abs().max()), 1e-30)
-        row["triton_ms"] = ctx.time_ms(lambda: ops.gathered_lm_head(hidden, weight, ids, backend="triton"))
+        row["triton_ms"] = ctx.time_cold_ms(lambda: ops.gathered_lm_head(hidden, weight, ids, backend="triton"))
         row["speedup_triton_vs_index_select"] = index_ms / row["triton_ms"]
         row["triton_roofline_fraction"] = row["roofline_ms"] / row["triton_ms"]
         row["triton_gbps"] = moved / (row["triton_ms"] * 1e6)
@@ -378,10 +395,45 @@ def head_weight_cases(ctx: Context, ops: ModuleType, vocab: int, d: int, use_tri
     rows = []
     for n in ctx.plan.head_rows:
         hidden = torch.randn(n, d, device=ctx.device, dtype=ctx.dtype)  # (N, d)
-        dense_ms = ctx.time_ms(lambda: hidden @ weight.T)  # noqa: B023  (N, V)
+        dense_ms = ctx.time_cold_ms(lambda: hidden @ weight.T)  # noqa: B023  (N, V)
         for share in ctx.plan.head_shares:
             rows.append(head_case(ctx, ops, weight, hidden, share, dense_ms, use_triton))
             bar.update()
+    return rows
+
+
+def tune_case(ctx: Context, kernels: ModuleType, vocab: int, d: int, share: float) -> dict[str, Any]:
+    """One (V, d, share) at `tune_rows` rows: the Triton kernel's time and roofline fraction for every launch
+    config of `tune_configs`, beside its default config's."""
+    weight = torch.randn(vocab, d, device=ctx.device, dtype=ctx.dtype)  # (V, d)
+    hidden = torch.randn(ctx.plan.tune_rows, d, device=ctx.device, dtype=ctx.dtype)  # (N, d)
+    s = max(1, round(share * vocab))
+    ids = torch.randperm(vocab, device=ctx.device)[:s]  # (S,)
+    size = weight.element_size()
+    moved = s * d * size + hidden.shape[0] * (d + s) * size + s * ids.element_size()
+    roof = roofline(moved, ctx)
+    default_ms = ctx.time_cold_ms(lambda: kernels.gathered_lm_head_triton(hidden, weight, ids))
+    configs = []
+    for block_s, block_k, warps, stages in ctx.plan.tune_configs:
+        launch = dict(block_s=block_s, block_k=block_k, num_warps=warps, num_stages=stages)
+        try:
+            ms = ctx.time_cold_ms(lambda: kernels.gathered_lm_head_triton(hidden, weight, ids, **launch))  # noqa: B023
+        except Exception as err:  # noqa: BLE001 - a config the chip cannot hold (shared memory) is recorded
+            configs.append({**launch, "error": f"{type(err).__name__}: {str(err)[:160]}"})
+            continue
+        configs.append({**launch, "ms": ms, "roofline_fraction": roof / ms})
+    timed = [c for c in configs if "ms" in c]
+    best = min(timed, key=lambda c: c["ms"]) if timed else None
+    return dict(vocab=vocab, d=d, rows=hidden.shape[0], share=share, shortlist=s, roofline_ms=roof,
+                default_ms=default_ms, default_roofline_fraction=roof / default_ms, best=best, configs=configs)
+
+
+def run_head_tune(ctx: Context, ops: ModuleType) -> list[dict[str, Any]]:
+    kernels = ops.load_kernel_package()
+    rows = []
+    for vocab, d, share in tqdm(ctx.plan.tune_cases, desc="head tune", file=sys.stderr):
+        rows.append(tune_case(ctx, kernels, vocab, d, share))
+        release_memory(ctx.device)
     return rows
 
 
@@ -401,7 +453,8 @@ def run_head(ctx: Context) -> dict[str, Any]:
     if speedups:
         summary["speedup_geomean"] = math.exp(statistics.fmean(math.log(s) for s in speedups))
         summary["speedup_min"], summary["speedup_max"] = min(speedups), max(speedups)
-    return {"rows": rows, "summary": summary, "notes": [note]}
+    tune = run_head_tune(ctx, ops) if use_triton else []
+    return {"rows": rows, "summary": summary, "tune": tune, "notes": [note]}
 
 
 # ---------------------------------------------------------------------------------------------- verify
@@ -750,6 +803,10 @@ HEAD_COLUMNS = [("vocab", "V"), ("d", "d"), ("rows", "N"), ("share_pct", "shortl
                 ("triton_roofline_fraction_pct", "Triton % roofline"),
                 ("index_select_roofline_fraction_pct", "idx+mm % roofline"),
                 ("dense_roofline_fraction_pct", "dense % roofline"), ("triton_max_abs_err", "Triton max err")]
+TUNE_COLUMNS = [("vocab", "V"), ("d", "d"), ("rows", "N"), ("share_pct", "shortlist"), ("roofline_ms", "roofline ms"),
+                ("default_ms", "default ms"), ("default_roofline_fraction_pct", "default % roofline"),
+                ("best_launch", "best block_s/block_k/warps/stages"), ("best_ms", "best ms"),
+                ("best_roofline_fraction_pct", "best % roofline"), ("failed_configs", "configs failed")]
 DRAFTER_COLUMNS = [("shape", "target"), ("d", "d"), ("vocab", "V"), ("positions", "T"), ("head_mode", "head"),
                    ("shortlist_mean", "shortlist"), ("step_beside_ms", "step ms (router beside)"),
                    ("step_sequential_ms", "step ms (sequential)"), ("overlap_saving_ms", "saved ms"),
@@ -774,6 +831,17 @@ def verify_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def tune_table(cases: list[dict[str, Any]]) -> list[str]:
+    rows = []
+    for case in cases:
+        best = case.get("best") or {}
+        launch = "/".join(str(best.get(k, "-")) for k in ("block_s", "block_k", "num_warps", "num_stages"))
+        failed = sum("error" in c for c in case["configs"])
+        rows.append({**case, "best_launch": launch, "best_ms": best.get("ms"),
+                     "best_roofline_fraction": best.get("roofline_fraction"), "failed_configs": failed})
+    return table(rows, TUNE_COLUMNS)
+
+
 def section_markdown(name: str, data: dict[str, Any]) -> list[str]:
     meta = data.get("meta", {})
     lines = [f"## {name}", "", f"{meta.get('device', '?')}, {fmt(data.get('seconds'), 1)} s, "
@@ -781,6 +849,8 @@ def section_markdown(name: str, data: dict[str, Any]) -> list[str]:
     if name == "head":
         lines += table(data["rows"], HEAD_COLUMNS)
         lines += ["", "Summary: " + fmt(data.get("summary", {}))]
+        if data.get("tune"):
+            lines += ["", "Triton launch configs swept (best of each case):", ""] + tune_table(data["tune"])
     elif name == "verify":
         lines += [f"Model: {fmt(data.get('model', {}))}", ""] + verify_table(data["rows"])
     elif name == "drafter":

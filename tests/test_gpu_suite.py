@@ -88,6 +88,20 @@ def test_head_rows(suite, run):
     assert any("TRITON_INTERPRET" in note for note in data["notes"])
 
 
+def test_head_tune_sweeps_every_launch_config(suite, run):
+    out, _ = run
+    data = section(out, "head")
+    plan = suite.QUICK
+    assert [(c["vocab"], c["d"], c["share"]) for c in data["tune"]] == list(plan.tune_cases)
+    for case in data["tune"]:
+        swept = [(c["block_s"], c["block_k"], c["num_warps"], c["num_stages"]) for c in case["configs"]]
+        assert swept == list(plan.tune_configs) and case["rows"] == plan.tune_rows
+        timed = [c for c in case["configs"] if "ms" in c]
+        assert timed and case["best"]["ms"] == min(c["ms"] for c in timed)
+        assert case["best"]["roofline_fraction"] == case["roofline_ms"] / case["best"]["ms"]
+    assert "best block_s/block_k/warps/stages" in (out / "results.md").read_text()
+
+
 def test_verify_rows(suite, run):
     out, _ = run
     data = section(out, "verify")

@@ -139,13 +139,16 @@ def gathered_lm_head_triton(
     block_n: int | None = None,
     block_s: int | None = None,
     block_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Fused gather + GEMM: logits (N, S) of ``hidden_states`` (N, d) against ``weight[token_ids]``.
 
     Accumulates in fp32 and writes ``hidden_states.dtype`` into ``out`` (allocated when None; any
     strides are accepted, so ``out`` may be a slice of a larger buffer). Arbitrary strides of
     ``hidden_states`` and ``weight`` are handled without copies. ``block_*`` override the tile
-    sizes (powers of two >= 16), mainly so tests can exercise multi-tile tails.
+    sizes (powers of two >= 16), so tests can exercise multi-tile tails and the GPU suite can sweep
+    them; ``num_warps`` / ``num_stages`` likewise override Triton's launch defaults.
     """
     check_inputs(hidden_states, weight, token_ids)
     _check_runnable(hidden_states.device)
@@ -165,6 +168,7 @@ def gathered_lm_head_triton(
     for name, value in (("block_n", block_n), ("block_s", block_s), ("block_k", block_k)):
         _check_block(name, value)
 
+    launch = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
     ids = token_ids.contiguous()  # (S,)
     is_fp32 = hidden_states.dtype == torch.float32
     grid = (triton.cdiv(n, block_n), triton.cdiv(s, block_s))
@@ -188,5 +192,6 @@ def gathered_lm_head_triton(
         # The interpreter's tl.dot multiplies the raw uint16 storage of bf16 tiles; upcast there.
         UPCAST=is_interpreter_mode() and hidden_states.dtype == torch.bfloat16,
         INPUT_PRECISION="ieee" if is_fp32 else None,
+        **launch,
     )
     return out
