@@ -107,6 +107,7 @@ class ShortlistHead:
         self.offsets = clusters.offsets.tolist()  # (M + 1,) on the host: the layout slices need no device read
         # CPU path reads rows in place from a cluster-contiguous copy; CUDA gathers from the original.
         self.weight_by_cluster = weight.index_select(0, self.permutation) if not weight.is_cuda else None
+        self.cluster_of_position = self.cluster_of_token[self.permutation]  # (V,) cluster of each sorted row
         self.extra_ids = torch.tensor(sorted(set(always_include_ids)), dtype=torch.long, device=self.device)
         self.extra_weight = weight.index_select(0, self.extra_ids)  # (E, d)
         self.static_ids = None
@@ -146,6 +147,13 @@ class ShortlistHead:
             mask[self.static_ids] = True
         ids = mask.nonzero().flatten()  # (C,)
         return ContextColumns(ids, self.weight.index_select(0, ids))
+
+    def _union_ids_on_device(self, selected: torch.Tensor) -> torch.Tensor:
+        """(S,) the ids of the clusters any of the T positions selected, in the order the CPU path lays them out
+        (ascending cluster, then the cluster-sorted rows): a mask over the sorted rows and one nonzero, with no
+        per-cluster host work (each small launch costs more than the arithmetic on a GPU)."""
+        keep = selected.any(dim=0)[self.cluster_of_position]  # (V,) bool over the cluster-sorted rows
+        return self.permutation[keep.nonzero().flatten()]  # (S,)
 
     @torch.no_grad()
     def logits(
@@ -193,17 +201,18 @@ class ShortlistHead:
     def _dynamic(
         self, features: torch.Tensor, selected: torch.Tensor, context: ContextColumns | None = None
     ) -> HeadOutput:
-        # selected: (T, M) bool. The union U of selected clusters is computed once for all T positions (read
-        # on the host once: the one device synchronisation of a head call), then each position masks the
-        # clusters it did not choose itself.
-        union = [c for c, chosen in enumerate(selected.any(dim=0).tolist()) if chosen]  # (U,) ascending
-        starts = [self.offsets[c] for c in union]  # each cluster's rows in the cluster-sorted layout
-        ends = [self.offsets[c + 1] for c in union]
-        positions = torch.cat([torch.arange(a, b) for a, b in zip(starts, ends)] or [torch.arange(0)])  # (S,)
-        token_ids = self.permutation[positions.to(self.device, non_blocking=True)]  # (S,)
+        # selected: (T, M) bool. The union U of selected clusters is computed once for all T positions, its
+        # columns in ascending cluster order (the one device synchronisation of a head call), then each
+        # position masks the clusters it did not choose itself.
         if features.is_cuda:
-            logits = gathered_lm_head(features, self.weight, token_ids).float()  # (T, S)
+            token_ids = self._union_ids_on_device(selected)  # (S,)
+            logits = gathered_lm_head(features, self.weight, token_ids).float()  # (T, S) one fused kernel
         else:
+            union = [c for c, chosen in enumerate(selected.any(dim=0).tolist()) if chosen]  # (U,) ascending
+            starts = [self.offsets[c] for c in union]  # each cluster's rows in the cluster-sorted layout
+            ends = [self.offsets[c + 1] for c in union]
+            positions = torch.cat([torch.arange(a, b) for a, b in zip(starts, ends)] or [torch.arange(0)])  # (S,)
+            token_ids = self.permutation[positions]  # (S,)
             # adjacent clusters' rows are one GEMM: segmented_lm_head merges touching ranges itself
             logits = segmented_lm_head(features, self.weight_by_cluster, starts, ends).float()  # (T, S)
         own = selected[:, self.cluster_of_token[token_ids]]  # (T, S)

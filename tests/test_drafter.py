@@ -94,6 +94,21 @@ def test_dynamic_head_scores_only_the_router_clusters(eos_drafter):
         torch.testing.assert_close(out.vocab_logits[t, idx], dense[t, idx], rtol=1e-5, atol=1e-5)
 
 
+def test_cuda_union_lays_out_the_columns_as_the_cpu_path(eos_drafter):
+    # CUDA builds the union's ids on the device (a mask and one nonzero); the CPU path from host ranges. The
+    # columns must come out in the same order, so both devices draft the same tree.
+    head = eos_drafter.bound_head
+    clusters = len(head.offsets) - 1
+    gen = torch.Generator().manual_seed(0)
+    features = torch.randn(3, head.weight.shape[1], generator=gen)
+    for density in (0.0, 0.2, 0.5, 1.0):
+        selected = torch.rand(3, clusters, generator=gen) < density  # (T, M)
+        cpu_ids = head._dynamic(features, selected).token_ids  # union columns, then the extra ids
+        device_ids = head._union_ids_on_device(selected)
+        assert torch.equal(cpu_ids[: device_ids.numel()], device_ids)
+        assert device_ids.numel() == cpu_ids.numel() - head.extra_ids.numel()
+
+
 def test_eos_always_in_shortlist(eos_drafter):
     assert eos_drafter.config.always_include_ids == [2]
     out = draft_once(eos_drafter, head_mode="dynamic", num_clusters=1, return_vocab_logits=True)
