@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from hf_dynaspec.training.corpus import load_corpus, write_answers
 from hf_dynaspec.training.features import write_features
 from hf_dynaspec.training.trainer import load_checkpoint
 
+ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["hello there", "hi", "what is two plus two?", "write a haiku"]
 
 
@@ -125,6 +128,22 @@ def test_load_prompts_fields_and_spec_bench_refused(tmp_path):
     (tmp_path / "code_slice.jsonl").write_text(json.dumps({"prompt": "def f():"}))
     with pytest.raises(ValueError, match="code slice"):
         load_prompts(tmp_path / "code_slice.jsonl")
+    with pytest.raises(ValueError, match="tree-tuning"):
+        load_prompts(ROOT / "data" / "tuning_prompts.jsonl")
+
+
+def test_tuning_prompts_are_held_out_of_every_other_set():
+    # the default tree is tuned on these: none may come from Spec-Bench or a training mix, two per category
+    tuning = [json.loads(line) for line in (ROOT / "data/tuning_prompts.jsonl").read_text().splitlines()]
+    spec_bench = [json.loads(line) for line in (ROOT / "data/spec_bench/question.jsonl").read_text().splitlines()]
+    assert Counter(r["category"] for r in tuning) == Counter({c: 2 for c in {r["category"] for r in spec_bench}})
+    others = "\n".join(t for r in spec_bench for t in r["turns"])
+    for name in ("train_prompts.jsonl", "train_prompts_round2.jsonl", "corpus/smollm2/questions.jsonl"):
+        records = [json.loads(line) for line in (ROOT / "data" / name).read_text().splitlines()]
+        others += "\n" + "\n".join(r.get("prompt") or r["question"] for r in records)
+    for record in tuning:
+        text = record["turns"][0]  # its start and its middle (the templates share their ends)
+        assert text[:80] not in others and text[len(text) // 2 :][:80] not in others, record["question_id"]
 
 
 def test_training_loss_decreases_and_resumes(tiny, arch_data, tmp_path):

@@ -79,9 +79,11 @@ def load_prompts(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list
 
 def _refuse_eval_set(path: str | os.PathLike) -> None:
     name = Path(path).as_posix().lower().replace("-", "_")
-    if "spec_bench" in name or "code_slice" in name or ("gsm8k" in name and "test" in Path(name).name):
+    held_out = ("spec_bench", "code_slice", "tuning_prompts")
+    if any(part in name for part in held_out) or ("gsm8k" in name and "test" in Path(name).name):
         raise ValueError(
-            f"{path} looks like an evaluation set (Spec-Bench, GSM8K test, the code slice): training on it would contaminate "
+            f"{path} looks like an evaluation set (Spec-Bench, GSM8K test, the code slice, the tree-tuning prompts): "
+            "training on it would contaminate "
             "the measurements. Use other prompt sets (e.g. ShareGPT, UltraChat, GSM8K train, code)."
         )
 
