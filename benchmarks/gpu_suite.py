@@ -385,6 +385,9 @@ def head_case(ctx: Context, ops: ModuleType, weight: torch.Tensor, hidden: torch
         row["speedup_triton_vs_index_select"] = index_ms / row["triton_ms"]
         row["triton_roofline_fraction"] = row["roofline_ms"] / row["triton_ms"]
         row["triton_gbps"] = moved / (row["triton_ms"] * 1e6)
+        plan = getattr(ops.load_kernel_package(), "launch_plan", None)  # a Hub kernel may predate it
+        if plan is not None:
+            row["triton_launch"] = plan(n, s, d, weight.device)
     return row
 
 

@@ -126,6 +126,23 @@ def test_triton_multi_tile_tails(dtype: torch.dtype) -> None:
 
 
 @needs_triton
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("split_k", [2, 3, 9])
+def test_triton_split_k_sums_the_d_ranges(dtype: torch.dtype, split_k: int) -> None:
+    """d = 100 over 16-wide steps split into 2, 3 or 9 ranges (the last ragged; 9 asks for more ranges than
+    d has steps, so fewer are launched), written into a slice of a larger buffer."""
+    hidden, weight, ids = make_inputs(21, 50, 100, dtype, TRITON_DEVICE)
+    buffer = torch.full((21, 60), float("nan"), dtype=dtype, device=TRITON_DEVICE)
+    out = kernels.gathered_lm_head_triton(
+        hidden, weight, ids, out=buffer[:, 5:55], block_n=16, block_s=16, block_k=16, split_k=split_k
+    )
+    assert_matches_spec(out, hidden, weight, ids)
+    assert torch.isnan(buffer[:, :5]).all() and torch.isnan(buffer[:, 55:]).all()
+    with pytest.raises(ValueError, match="split_k"):
+        kernels.gathered_lm_head_triton(hidden, weight, ids, split_k=0)
+
+
+@needs_triton
 def test_triton_strided_inputs_int32_ids_and_out_slice() -> None:
     device = TRITON_DEVICE
     gen = torch.Generator().manual_seed(1)

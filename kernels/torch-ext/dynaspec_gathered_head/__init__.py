@@ -18,7 +18,7 @@ print((k.gathered_lm_head_triton(h, w, i) - k.gathered_lm_head_reference(h, w, i
 """
 
 from .reference import check_inputs, gathered_lm_head_reference
-from .triton_kernel import HAS_TRITON, gathered_lm_head_triton, is_interpreter_mode
+from .triton_kernel import HAS_TRITON, gathered_lm_head_triton, is_interpreter_mode, launch_plan
 
 __all__ = [
     "HAS_TRITON",
@@ -26,4 +26,5 @@ __all__ = [
     "gathered_lm_head_reference",
     "gathered_lm_head_triton",
     "is_interpreter_mode",
+    "launch_plan",
 ]

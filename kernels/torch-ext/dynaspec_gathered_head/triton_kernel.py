@@ -45,16 +45,18 @@ if HAS_TRITON:
         h_ptr,  # (N, d) hidden states
         w_ptr,  # (V, d) LM-head weight
         ids_ptr,  # (S,) token ids
-        out_ptr,  # (N, S) logits
+        out_ptr,  # (N, S) logits, or (SPLIT, N, S) fp32 partial sums when d is split
         N,
         S,
         D,
+        K_PER_SPLIT,  # the d-range of one program along axis 2 (a multiple of BLOCK_K)
         stride_hn,
         stride_hk,
         stride_wv,
         stride_wk,
         stride_on,
         stride_os,
+        stride_ok,  # between split partials (0 when d is not split)
         BLOCK_N: tl.constexpr,
         BLOCK_S: tl.constexpr,
         BLOCK_K: tl.constexpr,
@@ -63,6 +65,7 @@ if HAS_TRITON:
     ):
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
+        pid_k = tl.program_id(2)  # which d-range (split-K: more programs when the output has few tiles)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
         offs_s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)  # (BLOCK_S,)
         n_mask = offs_n < N
@@ -72,7 +75,9 @@ if HAS_TRITON:
         h_base = h_ptr + offs_n[:, None].to(tl.int64) * stride_hn  # (BLOCK_N, 1)
         w_base = w_ptr + rows[None, :] * stride_wv  # (1, BLOCK_S): the gather
         acc = tl.zeros((BLOCK_N, BLOCK_S), dtype=tl.float32)  # (BLOCK_N, BLOCK_S)
-        for k0 in range(0, D, BLOCK_K):
+        k_start = pid_k * K_PER_SPLIT
+        k_end = tl.minimum(D, k_start + K_PER_SPLIT)
+        for k0 in range(k_start, k_end, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)  # (BLOCK_K,)
             k_mask = offs_k < D
             h = tl.load(
@@ -86,7 +91,7 @@ if HAS_TRITON:
                 w = w.to(tl.float32)
             acc = tl.dot(h, w, acc, input_precision=INPUT_PRECISION)  # (BLOCK_N, BLOCK_S) fp32
 
-        out_ptrs = out_ptr + offs_n[:, None].to(tl.int64) * stride_on + offs_s[None, :] * stride_os
+        out_ptrs = out_ptr + pid_k * stride_ok + offs_n[:, None].to(tl.int64) * stride_on + offs_s[None, :] * stride_os
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & s_mask[None, :])
 
 
@@ -106,6 +111,32 @@ def _pick_blocks(n: int, s: int, d: int) -> tuple[int, int, int]:
     block_s = min(128, max(16, _next_pow2(s)))
     block_k = min(128, max(16, _next_pow2(d)))
     return block_n, block_s, block_k
+
+
+def split_for(tiles: int, d: int, block_k: int, multiprocessors: int) -> int:
+    """How many d-ranges to split the reduction into: double it while the output tiles leave multiprocessors
+    idle and each range keeps at least two BLOCK_K steps (few rows over a small shortlist launch fewer tiles
+    than a GPU has multiprocessors: the H200 sweep's shapes below 70% of the HBM roofline were those)."""
+    split = 1
+    while tiles * split < multiprocessors and -(-d // (2 * split)) >= 2 * block_k:
+        split *= 2
+    return split
+
+
+def _pick_split(tiles: int, d: int, block_k: int, device: torch.device) -> int:
+    """`split_for` with this GPU's multiprocessor count; 1 off CUDA (the interpreter)."""
+    if device.type != "cuda":
+        return 1
+    return split_for(tiles, d, block_k, torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def launch_plan(n: int, s: int, d: int, device: torch.device | str) -> dict[str, int]:
+    """The default launch for (N, d) rows over S shortlist ids on `device`: tile sizes, output tiles and d-ranges
+    (split-K). For benchmarks and reports; `gathered_lm_head_triton` launches exactly this unless overridden."""
+    block_n, block_s, block_k = _pick_blocks(n, s, d)
+    tiles = -(-n // block_n) * -(-s // block_s)
+    split = _pick_split(tiles, d, block_k, torch.device(device))
+    return dict(block_n=block_n, block_s=block_s, block_k=block_k, tiles=tiles, split_k=split)
 
 
 def _check_block(name: str, value: int) -> None:
@@ -146,6 +177,7 @@ def gathered_lm_head_triton(
     block_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    split_k: int | None = None,
 ) -> torch.Tensor:
     """Fused gather + GEMM: logits (N, S) of ``hidden_states`` (N, d) against ``weight[token_ids]``.
 
@@ -153,7 +185,9 @@ def gathered_lm_head_triton(
     strides are accepted, so ``out`` may be a slice of a larger buffer). Arbitrary strides of
     ``hidden_states`` and ``weight`` are handled without copies. ``block_*`` override the tile
     sizes (powers of two >= 16), so tests can exercise multi-tile tails and the GPU suite can sweep
-    them; ``num_warps`` / ``num_stages`` likewise override Triton's launch defaults.
+    them; ``num_warps`` / ``num_stages`` likewise override Triton's launch defaults. ``split_k`` splits the
+    d-reduction over that many programs per output tile (fp32 partial sums, then one sum): by default more than
+    1 only on a GPU whose multiprocessors the output tiles would not fill.
     """
     check_inputs(hidden_states, weight, token_ids)
     _check_runnable(hidden_states.device)
@@ -172,26 +206,36 @@ def gathered_lm_head_triton(
     block_n, block_s, block_k = block_n or auto_n, block_s or auto_s, block_k or auto_k
     for name, value in (("block_n", block_n), ("block_s", block_s), ("block_k", block_k)):
         _check_block(name, value)
+    if split_k is not None and split_k < 1:
+        raise ValueError(f"split_k must be a positive number of d-ranges, got {split_k}")
 
     num_stages = DEFAULT_NUM_STAGES if num_stages is None else num_stages
     launch = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
     ids = token_ids.contiguous()  # (S,)
     is_fp32 = hidden_states.dtype == torch.float32
-    grid = (triton.cdiv(n, block_n), triton.cdiv(s, block_s))
-    _gathered_head_kernel[grid](
+    tiles = triton.cdiv(n, block_n) * triton.cdiv(s, block_s)
+    split = split_k or _pick_split(tiles, d, block_k, hidden_states.device)
+    k_per_split = triton.cdiv(triton.cdiv(d, split), block_k) * block_k  # a whole number of BLOCK_K steps
+    split = triton.cdiv(d, k_per_split)
+    # partial sums (SPLIT, N, S) in fp32 when d is split, summed once below; else the output itself
+    target = out if split == 1 else torch.empty((split, n, s), dtype=torch.float32, device=out.device)
+    stride_on, stride_os = (out.stride(0), out.stride(1)) if split == 1 else (target.stride(1), target.stride(2))
+    _gathered_head_kernel[(triton.cdiv(n, block_n), triton.cdiv(s, block_s), split)](
         hidden_states,
         weight,
         ids,
-        out,
+        target,
         n,
         s,
         d,
+        k_per_split,
         hidden_states.stride(0),
         hidden_states.stride(1),
         weight.stride(0),
         weight.stride(1),
-        out.stride(0),
-        out.stride(1),
+        stride_on,
+        stride_os,
+        0 if split == 1 else target.stride(0),
         BLOCK_N=block_n,
         BLOCK_S=block_s,
         BLOCK_K=block_k,
@@ -200,4 +244,6 @@ def gathered_lm_head_triton(
         INPUT_PRECISION="ieee" if is_fp32 else None,
         **launch,
     )
+    if split > 1:
+        out.copy_(target.sum(dim=0))  # (N, S): the d-ranges' fp32 partials added, cast once
     return out
