@@ -124,15 +124,16 @@ def split_for(tiles: int, d: int, block_k: int, multiprocessors: int) -> int:
 
 
 def _pick_split(tiles: int, d: int, block_k: int, device: torch.device) -> int:
-    """`split_for` with this GPU's multiprocessor count; 1 off CUDA (the interpreter)."""
-    if device.type != "cuda":
-        return 1
-    return split_for(tiles, d, block_k, torch.cuda.get_device_properties(device).multi_processor_count)
+    """1: split-K is opt-in (`split_k=`). Measured on an H200 (benchmarks/results/gpu-h200-run3-splitk), splitting
+    by `split_for` sped up the 49k x 4096 shapes but slowed most others, where the partial-sum pass costs more than
+    the idle multiprocessors it recovers, so no automatic default stands yet."""
+    return 1
 
 
 def launch_plan(n: int, s: int, d: int, device: torch.device | str) -> dict[str, int]:
     """The default launch for (N, d) rows over S shortlist ids on `device`: tile sizes, output tiles and d-ranges
-    (split-K). For benchmarks and reports; `gathered_lm_head_triton` launches exactly this unless overridden."""
+    (split-K) for `device`. For benchmarks and reports; `gathered_lm_head_triton` launches exactly this unless
+    overridden. `split_for(tiles, d, block_k, multiprocessors)` is the split a caller may pass as `split_k=`."""
     block_n, block_s, block_k = _pick_blocks(n, s, d)
     tiles = -(-n // block_n) * -(-s // block_s)
     split = _pick_split(tiles, d, block_k, torch.device(device))
@@ -186,8 +187,8 @@ def gathered_lm_head_triton(
     ``hidden_states`` and ``weight`` are handled without copies. ``block_*`` override the tile
     sizes (powers of two >= 16), so tests can exercise multi-tile tails and the GPU suite can sweep
     them; ``num_warps`` / ``num_stages`` likewise override Triton's launch defaults. ``split_k`` splits the
-    d-reduction over that many programs per output tile (fp32 partial sums, then one sum): by default more than
-    1 only on a GPU whose multiprocessors the output tiles would not fill.
+    d-reduction over that many programs per output tile (fp32 partial sums, then one sum); default 1 (see
+    `_pick_split`).
     """
     check_inputs(hidden_states, weight, token_ids)
     _check_runnable(hidden_states.device)
