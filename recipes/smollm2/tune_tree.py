@@ -1,0 +1,89 @@
+"""Choose a drafter's default draft tree from measurements on the tuning prompts (never on Spec-Bench).
+
+Runs plain greedy and every candidate tree on `data/tuning_prompts.jsonl` (`recipes/smollm2/tuning_prompts.py`),
+keeps the candidate with the highest overall speedup among those whose outputs all equal plain greedy, writes
+`tune.json` / `tune.md` (every candidate's speedup and accepted length) into `--out`, and with `--write` stores the
+winner in the drafter's `generation_config.json`. Resumable: the bench records go to `--out/records.jsonl`.
+
+    python recipes/smollm2/tune_tree.py --drafter runs/smollm2-eagle3/ckpt --out runs/smollm2-eagle3/tune --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
+from hf_dynaspec.bench import load_bench_prompts, machine_description, method_settings, run_bench, summarize
+from hf_dynaspec.targets import load_target
+
+ROOT = Path(__file__).resolve().parents[2]
+# (nodes, depth, top-k, min_draft_prob), each with the 8-token lookup branch
+CANDIDATES = ((8, 5, 3, 0.1), (6, 4, 2, 0.1), (12, 5, 4, 0.05), (16, 6, 4, 0.05), (24, 7, 4, 0.02))
+
+
+def method_name(nodes: int, depth: int, top_k: int, min_prob: float) -> str:
+    return f"dynaspec[num_draft_nodes={nodes},draft_depth={depth},draft_top_k={top_k},min_draft_prob={min_prob}]"
+
+
+def choose(summaries: list, methods: list[str]) -> tuple[str | None, list[dict]]:
+    """(the exact candidate with the best overall speedup, one row per candidate)."""
+    overall = {s.method: s for s in summaries if s.category == "overall"}
+    rows = [dict(method=m, speedup=overall[m].speedup, accepted_length=overall[m].mean_accepted_length,
+                 mismatches=overall[m].mismatches, **{k: v for k, v in method_settings(m).items() if k != "head_mode"})
+            for m in methods if m in overall]
+    exact = [r for r in rows if r["mismatches"] == 0]
+    return (max(exact, key=lambda r: r["speedup"])["method"] if exact else None), rows
+
+
+def markdown(rows: list[dict], best: str | None, meta: dict) -> str:
+    lines = [f"Tree tuning on {meta['prompts']} tuning prompts ({meta['max_new_tokens']} new tokens), {meta['machine']}.", "",
+             "| nodes | depth | top-k | min_draft_prob | speedup | accepted length | differs from plain | chosen |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: -r["speedup"]):
+        lines.append(f"| {r['num_draft_nodes']} | {r['draft_depth']} | {r['draft_top_k']} | {r['min_draft_prob']} | "
+                     f"{r['speedup']:.2f}x | {r['accepted_length']:.2f} | {r['mismatches']} | "
+                     f"{'yes' if r['method'] == best else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--drafter", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--prompts", type=Path, default=ROOT / "data/tuning_prompts.jsonl")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--write", action="store_true", help="store the chosen tree in the drafter's generation config")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if "tuning" not in args.prompts.name:
+        raise SystemExit(f"{args.prompts} is not a tuning set: the default tree must not be chosen on evaluation prompts")
+    prompts = load_bench_prompts(args.prompts)
+    target, tokenizer = load_target("smollm2")
+    drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target).eval()
+    methods = [method_name(*c) for c in CANDIDATES]
+    args.out.mkdir(parents=True, exist_ok=True)
+    records = run_bench(target, tokenizer, drafter, prompts, methods, args.max_new_tokens,
+                        records_path=args.out / "records.jsonl")
+    best, rows = choose(summarize(records), methods)
+    meta = {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "machine": machine_description(),
+            "drafter": str(args.drafter), "chosen": best}
+    (args.out / "tune.json").write_text(json.dumps({"meta": meta, "candidates": rows}, indent=1) + "\n")
+    (args.out / "tune.md").write_text(markdown(rows, best, meta))
+    print(markdown(rows, best, meta))
+    if best is None:
+        raise SystemExit("no candidate reproduced plain greedy on every prompt: nothing written")
+    if args.write:
+        config = DynaSpecGenerationConfig.from_pretrained(args.drafter)
+        for key, value in method_settings(best).items():
+            setattr(config, key, value)
+        config.save_pretrained(args.drafter)
+        print(f"wrote {best} into {args.drafter}/generation_config.json")
+
+
+if __name__ == "__main__":
+    main()
