@@ -9,6 +9,7 @@ RUN=${RUN:-runs/smollm2-eagle3}
 CORPUS=${CORPUS:-data/corpus/smollm2}
 STEPS=${STEPS:-6000}
 UNROLL=${UNROLL:-4}
+LIMIT=${LIMIT-10}
 export OMP_NUM_THREADS=2
 mkdir -p "$RUN"
 
@@ -41,7 +42,14 @@ stage train hf-dynaspec train --target smollm2 --drafter "$RUN/init" --data "$RU
     --steps "$STEPS" --lr 5e-4 --batch-size 8 --seq-len 256 --unroll "$UNROLL" --head-positions 128 --bf16 \
     --eval-every 250 --threads 2
 
-# 4. the static-shortlist baseline (same mean size as the dynamic shortlists) and a quick Spec-Bench check
+# 4. the learning curve (training.md), the default tree chosen on the tuning prompts (never on Spec-Bench), and
+#    the static-shortlist baseline (about the mean dynamic shortlist's size)
+stage curves python recipes/smollm2/curves.py --ckpt "$RUN/ckpt" --out "$RUN/curves"
+[ -f data/tuning_prompts.jsonl ] || stage tuning-prompts python recipes/smollm2/tuning_prompts.py
+stage tune python recipes/smollm2/tune_tree.py --drafter "$RUN/ckpt" --out "$RUN/tune" --write
 stage static hf-dynaspec static --drafter "$RUN/ckpt" --data "$RUN/features" --size 3072
-stage bench hf-dynaspec bench --target smollm2 --drafter "$RUN/ckpt" --limit 2 --methods plain,dynaspec,full,static \
-    --out "$RUN/bench" --threads 2
+
+# 5. Spec-Bench, $LIMIT prompts per category (10: 130 prompts; unset: all 480), greedy, 128 new tokens: plain,
+#    DynaSpec, the same tree with the full head and with the static shortlist, and both heads without lookup
+stage bench hf-dynaspec bench --target smollm2 --drafter "$RUN/ckpt" ${LIMIT:+--limit "$LIMIT"} --threads 2 \
+    --methods "plain,dynaspec,full,static,dynaspec[lookup_num_tokens=0],full[lookup_num_tokens=0]" --out "$RUN/bench"
