@@ -23,12 +23,12 @@ stage() {  # stage NAME COMMAND...: run it, append {"stage", "seconds", "finishe
 }
 
 # 1. prompts (two disjoint mixes, no Spec-Bench prompt), then Magpie questions over ten domains and greedy
-#    answers up to 256 tokens in bf16 batches, kept as token ids
+#    answers up to 256 tokens in bf16 batches, kept as token ids (800 questions per domain: over 3M tokens in all)
 [ -f data/train_prompts.jsonl ] || stage prompts python recipes/smollm2/build_prompts.py --out data/train_prompts.jsonl
 [ -f data/train_prompts_round2.jsonl ] || stage prompts2 python recipes/smollm2/build_prompts.py --round 2 --seed 1 \
     --out data/train_prompts_round2.jsonl
 #    and the target's features (its EAGLE-3 layers and its final hidden state) kept as it generates
-stage corpus python recipes/smollm2/build_corpus.py --out "$CORPUS" --per-domain 400 --features "$RUN/features"
+stage corpus python recipes/smollm2/build_corpus.py --out "$CORPUS" --per-domain "${PER_DOMAIN:-800}" --features "$RUN/features"
 
 # 2. on a fresh machine (committed corpus, no features yet): recompute them from the ids in batched passes
 [ -f "$RUN/features/index.json" ] || stage features hf-dynaspec features --target smollm2 --corpus "$CORPUS" \
