@@ -3,7 +3,7 @@
 Runs plain greedy and every candidate tree on `data/tuning_prompts.jsonl` (`recipes/smollm2/tuning_prompts.py`),
 keeps the candidate with the highest overall speedup among those whose outputs all equal plain greedy, writes
 `tune.json` / `tune.md` (every candidate's speedup and accepted length) into `--out`, and with `--write` stores the
-winner in the drafter's `generation_config.json`. Resumable: the bench records go to `--out/records.jsonl`.
+winner in the drafter's `generation_config.json`; the table also goes into recipes/smollm2/training.md. Resumable: the bench records go to `--out/records.jsonl`.
 
     python recipes/smollm2/tune_tree.py --drafter runs/smollm2-eagle3/ckpt --out runs/smollm2-eagle3/tune --write
 """
@@ -17,10 +17,18 @@ from pathlib import Path
 import torch
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
-from hf_dynaspec.bench import load_bench_prompts, machine_description, method_settings, run_bench, summarize
+from hf_dynaspec.bench import (
+    load_bench_prompts,
+    machine_description,
+    method_settings,
+    run_bench,
+    summarize,
+    write_doc_block,
+)
 from hf_dynaspec.targets import load_target
 
 ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
 # (nodes, depth, top-k, min_draft_prob), each with the 8-token lookup branch
 CANDIDATES = ((8, 5, 3, 0.1), (6, 4, 2, 0.1), (12, 5, 4, 0.05), (16, 6, 4, 0.05), (24, 7, 4, 0.02))
 
@@ -58,6 +66,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--write", action="store_true", help="store the chosen tree in the drafter's generation config")
+    parser.add_argument("--doc", type=Path, default=HERE / "training.md", help="markdown file for the generated table")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if "tuning" not in args.prompts.name:
@@ -74,6 +83,7 @@ def main() -> None:
             "drafter": str(args.drafter), "chosen": best}
     (args.out / "tune.json").write_text(json.dumps({"meta": meta, "candidates": rows}, indent=1) + "\n")
     (args.out / "tune.md").write_text(markdown(rows, best, meta))
+    write_doc_block(args.doc, "tree-tuning", markdown(rows, best, meta).rstrip())
     print(markdown(rows, best, meta))
     if best is None:
         raise SystemExit("no candidate reproduced plain greedy on every prompt: nothing written")
