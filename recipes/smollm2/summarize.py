@@ -19,7 +19,8 @@ from hf_dynaspec.bench import Record, Summary, headline_table, load_bench_prompt
 from hf_dynaspec.generation.stats import SpeculativeStats
 
 ROOT = Path(__file__).resolve().parents[2]
-TUNING_IDS = Path(__file__).with_name("tuning_question_ids.json")  # prompts the default tree was chosen on
+TUNING_IDS = Path(__file__).with_name("tuning_question_ids.json")  # the EAGLE-1 drafter's tree was chosen on these
+TREE_TUNING = "tree_tuning.json"  # written into a drafter's folder by tune_tree.py --write
 
 # row labels of the overall table, in order; methods missing from the run are skipped
 LABELS = {
@@ -63,8 +64,13 @@ def drafter_defaults(drafter: str) -> str:
     return describe_defaults(config.speculative_fields())
 
 
-def held_out_text(records: list[dict]) -> str:
-    """The headline figures again without the prompts the default tree was tuned on."""
+def held_out_text(records: list[dict], drafter: str) -> str:
+    """Which prompts the drafter's default tree was chosen on, and the headline figures without them."""
+    tuning = ROOT / drafter / TREE_TUNING
+    if tuning.is_file():
+        meta = json.loads(tuning.read_text())["meta"]
+        return (f"The default tree was chosen on {meta['prompts']} prompts outside Spec-Bench (`{meta['prompt_file']}`, "
+                f"`{TREE_TUNING}` in the drafter's folder), so every prompt here is held out.")
     tuned = {str(i) for i in json.loads(TUNING_IDS.read_text())["question_ids"]}
     rest = summarize([Record(**r) for r in records if str(r["question_id"]) not in tuned])
     by = {(s.method, s.category): s for s in rest}
@@ -78,6 +84,15 @@ def held_out_text(records: list[dict]) -> str:
         f"{dyn.speedup:.2f}x, accepted length {dyn.mean_accepted_length:.2f} (full head {full_all.mean_accepted_length:.2f}, "
         f"lowest category {low.category} {low.mean_accepted_length:.2f})."
     )
+
+
+def static_verdict(static: Summary, dyn: Summary, tolerance: float = 0.02) -> str:
+    """How the static frequency shortlist of about the same size compares with DynaSpec's, from the figures."""
+    ratio = static.speedup / dyn.speedup
+    word = "as fast" if abs(ratio - 1) <= tolerance else ("faster" if ratio > 1 else "slower")
+    return (f"a static frequency shortlist of about the same size is {word} ({static.speedup:.2f}x vs {dyn.speedup:.2f}x; "
+            f"accepted length {static.mean_accepted_length:.2f} vs {dyn.mean_accepted_length:.2f}, recall "
+            f"{static.shortlist_recall:.0%} vs {dyn.shortlist_recall:.0%})")
 
 
 def verification_cost(records: list[dict], method: str = "dynaspec") -> tuple[float, float]:
@@ -123,7 +138,7 @@ def summary_text(bench: Path) -> str:
         f"Spec-Bench, {meta['prompts']} prompts ({scope}), greedy, {meta['max_new_tokens']} new tokens, fp32 target, batch 1, on "
         f"{meta['machine']}; {mismatches} mismatches with plain greedy over {len(speculative)} speculative runs. "
         f"Full tables, per-prompt records and plots: `{bench.as_posix()}/`. The drafter's defaults "
-        f"(`generation_config.json`): {drafter_defaults(meta['drafter'])}. " + held_out_text(records),
+        f"(`generation_config.json`): {drafter_defaults(meta['drafter'])}. " + held_out_text(records, meta["drafter"]),
         "",
         "Speedups carry their paired bootstrap 95% interval over prompts; * marks a difference that is significant "
         "(Wilcoxon signed-rank test over prompts, p < 0.05; local `evaluate` module `paired_speedup`).",
@@ -138,9 +153,8 @@ def summary_text(bench: Path) -> str:
         "",
         f"The lookup branch lifts the accepted length{lift}, supplying {shares[top[1]]:.0%}-{shares[top[0]]:.0%} of the emitted tokens on {top[1]} and {top[0]} (where "
         f"SmolLM2 copies its prompt) and {min(rest):.0%}-{max(rest):.0%} elsewhere. The shortlisted head makes "
-        f"drafting cheap (DynaSpec {dyn.extra['speedup_vs_full']:.2f}x faster than the same tree with the full head), "
-        f"but on this CPU a static frequency shortlist of the same size is as good ({static.speedup:.2f}x vs "
-        f"{dyn.speedup:.2f}x; recall {static.shortlist_recall:.0%} vs {dyn.shortlist_recall:.0%}). Verification is "
+        f"drafting cheap (DynaSpec {dyn.extra['speedup_vs_full']:.2f}x faster than the same tree with the full head); "
+        f"on this CPU {static_verdict(static, dyn)}. Verification is "
         f"{dyn.verify_share:.0%} of DynaSpec's time, drafting {dyn.draft_share:.0%} (head {dyn.head_share:.0%}, "
         f"router {dyn.router_share:.1%}); {full.head_share:.0%} of the full-head run goes to its head. One "
         f"verification (target forward over the tree, then the walk) costs {cost:.2f} plain decoding steps on "

@@ -3,7 +3,7 @@
 Runs plain greedy and every candidate tree on `data/tuning_prompts.jsonl` (`recipes/smollm2/tuning_prompts.py`),
 keeps the candidate with the highest overall speedup among those whose outputs all equal plain greedy, writes
 `tune.json` / `tune.md` (every candidate's speedup and accepted length) into `--out`, and with `--write` stores the
-winner in the drafter's `generation_config.json`; the table also goes into recipes/smollm2/training.md. Resumable: the bench records go to `--out/records.jsonl`.
+winner in the drafter's `generation_config.json` (and the evidence in its `tree_tuning.json`); the table also goes into recipes/smollm2/training.md. Resumable: the bench records go to `--out/records.jsonl`.
 
     python recipes/smollm2/tune_tree.py --drafter runs/smollm2-eagle3/ckpt --out runs/smollm2-eagle3/tune --write
 """
@@ -79,8 +79,9 @@ def main() -> None:
     records = run_bench(target, tokenizer, drafter, prompts, methods, args.max_new_tokens,
                         records_path=args.out / "records.jsonl")
     best, rows = choose(summarize(records), methods)
-    meta = {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "machine": machine_description(),
-            "drafter": str(args.drafter), "chosen": best}
+    meta = {"prompts": len(prompts), "prompt_file": args.prompts.relative_to(ROOT).as_posix()
+            if args.prompts.is_relative_to(ROOT) else str(args.prompts), "max_new_tokens": args.max_new_tokens,
+            "machine": machine_description(), "drafter": str(args.drafter), "chosen": best}
     (args.out / "tune.json").write_text(json.dumps({"meta": meta, "candidates": rows}, indent=1) + "\n")
     (args.out / "tune.md").write_text(markdown(rows, best, meta))
     write_doc_block(args.doc, "tree-tuning", markdown(rows, best, meta).rstrip())
@@ -92,6 +93,7 @@ def main() -> None:
         for key, value in method_settings(best).items():
             setattr(config, key, value)
         config.save_pretrained(args.drafter)
+        (args.drafter / "tree_tuning.json").write_text(json.dumps({"meta": meta, "candidates": rows}, indent=1) + "\n")
         print(f"wrote {best} into {args.drafter}/generation_config.json")
 
 
