@@ -9,7 +9,7 @@ docs cannot drift from the run. Needs no GPU:
 from __future__ import annotations
 
 import argparse
-import math
+import json
 import sys
 from pathlib import Path
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "kernels" / "torch-ext"))
 sys.path.insert(0, str(ROOT))
 
-from dynaspec_gathered_head.triton_kernel import _pick_blocks  # noqa: E402
+from dynaspec_gathered_head import launch_plan  # noqa: E402
 
 from hf_dynaspec.bench import write_doc_block  # noqa: E402
 
@@ -25,15 +25,12 @@ SM_COUNT = {"NVIDIA H200": 132, "NVIDIA H100 80GB HBM3": 132}  # streaming multi
 
 
 def load(results: Path) -> dict:
-    import json
-
     return json.loads((results / "results.json").read_text())
 
 
 def tiles(row: dict) -> int:
     """Output tiles the Triton kernel launches for one head case, with its default blocks."""
-    block_n, block_s, _ = _pick_blocks(row["rows"], row["shortlist"], row["d"])
-    return math.ceil(row["rows"] / block_n) * math.ceil(row["shortlist"] / block_s)
+    return launch_plan(row["rows"], row["shortlist"], row["d"])["tiles"]
 
 
 def programs(row: dict) -> str:
@@ -74,7 +71,8 @@ def head_lines(head: dict, sms: int | None) -> list[str]:
 
 
 def split_lines(head: dict, split_head: dict) -> list[str]:
-    """Split-K (a later run with `split_for` as the default) against the main run, 64-row shapes."""
+    """Split-K (a later run that split d while the output tiles left multiprocessors idle) against the main run,
+    64-row shapes."""
     rows = max(r["rows"] for r in head["rows"])
     key = lambda r: (r["vocab"], r["d"], r["rows"], r["share"])  # noqa: E731
     base = {key(r): r for r in head["rows"] if r["rows"] == rows}

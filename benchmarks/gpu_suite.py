@@ -360,6 +360,12 @@ def roofline(share_bytes: int, ctx: Context) -> float:
     return 1e3 * share_bytes / (ctx.args.peak_gbps * 1e9)
 
 
+def head_bytes(n: int, s: int, d: int, size: int, id_size: int = 0) -> int:
+    """Bytes a head product must move: S weight rows and N hidden rows of d, N x S logits (`size` bytes each),
+    and the S ids (`id_size` bytes each; 0 for the dense head, which reads no ids)."""
+    return s * d * size + n * d * size + n * s * size + s * id_size
+
+
 def head_case(ctx: Context, ops: ModuleType, weight: torch.Tensor, hidden: torch.Tensor, share: float,
               dense_ms: float, use_triton: bool) -> dict[str, Any]:
     """One shortlist: weight (V, d), hidden (N, d), a random shortlist of round(share * V) ids."""
@@ -368,8 +374,8 @@ def head_case(ctx: Context, ops: ModuleType, weight: torch.Tensor, hidden: torch
     s = max(1, round(share * vocab))
     ids = torch.randperm(vocab, device=weight.device)[:s]  # (S,) unsorted, as a dynamic shortlist
     index_ms = ctx.time_cold_ms(lambda: hidden @ weight.index_select(0, ids).T)  # (N, S)
-    moved = s * d * size + n * d * size + n * s * size + s * ids.element_size()
-    dense_moved = vocab * d * size + n * d * size + n * vocab * size
+    moved = head_bytes(n, s, d, size, ids.element_size())
+    dense_moved = head_bytes(n, vocab, d, size)
     row: dict[str, Any] = dict(
         vocab=vocab, d=d, rows=n, share=share, shortlist=s, dense_ms=dense_ms, index_select_ms=index_ms,
         bytes=moved, roofline_ms=roofline(moved, ctx), dense_roofline_ms=roofline(dense_moved, ctx),
@@ -387,7 +393,7 @@ def head_case(ctx: Context, ops: ModuleType, weight: torch.Tensor, hidden: torch
         row["triton_gbps"] = moved / (row["triton_ms"] * 1e6)
         plan = getattr(ops.load_kernel_package(), "launch_plan", None)  # a Hub kernel may predate it
         if plan is not None:
-            row["triton_launch"] = plan(n, s, d, weight.device)
+            row["triton_launch"] = plan(n, s, d)
     return row
 
 
@@ -413,7 +419,7 @@ def tune_case(ctx: Context, kernels: ModuleType, vocab: int, d: int, share: floa
     s = max(1, round(share * vocab))
     ids = torch.randperm(vocab, device=ctx.device)[:s]  # (S,)
     size = weight.element_size()
-    moved = s * d * size + hidden.shape[0] * (d + s) * size + s * ids.element_size()
+    moved = head_bytes(hidden.shape[0], s, d, size, ids.element_size())
     roof = roofline(moved, ctx)
     default_ms = ctx.time_cold_ms(lambda: kernels.gathered_lm_head_triton(hidden, weight, ids))
     configs = []

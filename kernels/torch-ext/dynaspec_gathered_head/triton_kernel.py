@@ -113,31 +113,12 @@ def _pick_blocks(n: int, s: int, d: int) -> tuple[int, int, int]:
     return block_n, block_s, block_k
 
 
-def split_for(tiles: int, d: int, block_k: int, multiprocessors: int) -> int:
-    """How many d-ranges to split the reduction into: double it while the output tiles leave multiprocessors
-    idle and each range keeps at least two BLOCK_K steps (few rows over a small shortlist launch fewer tiles
-    than a GPU has multiprocessors: the H200 sweep's shapes below 70% of the HBM roofline were those)."""
-    split = 1
-    while tiles * split < multiprocessors and -(-d // (2 * split)) >= 2 * block_k:
-        split *= 2
-    return split
-
-
-def _pick_split(tiles: int, d: int, block_k: int, device: torch.device) -> int:
-    """1: split-K is opt-in (`split_k=`). Measured on an H200 (benchmarks/results/gpu-h200-run3-splitk), splitting
-    by `split_for` sped up the 49k x 4096 shapes but slowed most others, where the partial-sum pass costs more than
-    the idle multiprocessors it recovers, so no automatic default stands yet."""
-    return 1
-
-
-def launch_plan(n: int, s: int, d: int, device: torch.device | str) -> dict[str, int]:
-    """The default launch for (N, d) rows over S shortlist ids on `device`: tile sizes, output tiles and d-ranges
-    (split-K) for `device`. For benchmarks and reports; `gathered_lm_head_triton` launches exactly this unless
-    overridden. `split_for(tiles, d, block_k, multiprocessors)` is the split a caller may pass as `split_k=`."""
+def launch_plan(n: int, s: int, d: int) -> dict[str, int]:
+    """The default launch for (N, d) rows over S shortlist ids: tile sizes, output tiles and d-ranges (split-K,
+    1 by default). For benchmarks and reports; `gathered_lm_head_triton` launches exactly this unless overridden."""
     block_n, block_s, block_k = _pick_blocks(n, s, d)
     tiles = -(-n // block_n) * -(-s // block_s)
-    split = _pick_split(tiles, d, block_k, torch.device(device))
-    return dict(block_n=block_n, block_s=block_s, block_k=block_k, tiles=tiles, split_k=split)
+    return dict(block_n=block_n, block_s=block_s, block_k=block_k, tiles=tiles, split_k=1)
 
 
 def _check_block(name: str, value: int) -> None:
@@ -187,8 +168,9 @@ def gathered_lm_head_triton(
     ``hidden_states`` and ``weight`` are handled without copies. ``block_*`` override the tile
     sizes (powers of two >= 16), so tests can exercise multi-tile tails and the GPU suite can sweep
     them; ``num_warps`` / ``num_stages`` likewise override Triton's launch defaults. ``split_k`` splits the
-    d-reduction over that many programs per output tile (fp32 partial sums, then one sum); default 1 (see
-    `_pick_split`).
+    d-reduction over that many programs per output tile (fp32 partial sums, then one sum). It is opt-in: on an
+    H200 (benchmarks/results/gpu-h200-run3-splitk), doubling it while the output tiles left multiprocessors idle
+    sped up the 49k x 4096 shapes but slowed most others, where the partial-sum pass costs more than it recovers.
     """
     check_inputs(hidden_states, weight, token_ids)
     _check_runnable(hidden_states.device)
@@ -214,8 +196,7 @@ def gathered_lm_head_triton(
     launch = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
     ids = token_ids.contiguous()  # (S,)
     is_fp32 = hidden_states.dtype == torch.float32
-    tiles = triton.cdiv(n, block_n) * triton.cdiv(s, block_s)
-    split = split_k or _pick_split(tiles, d, block_k, hidden_states.device)
+    split = split_k or 1
     k_per_split = triton.cdiv(triton.cdiv(d, split), block_k) * block_k  # a whole number of BLOCK_K steps
     split = triton.cdiv(d, k_per_split)
     # partial sums (SPLIT, N, S) in fp32 when d is split, summed once below; else the output itself
