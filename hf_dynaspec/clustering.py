@@ -33,6 +33,8 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .ops import merge_adjacent_ranges
+
 __all__ = [
     "KMeansResult",
     "VocabClusters",
@@ -323,15 +325,8 @@ class VocabClusters:
         """
         ids = self._cluster_ids(cluster_ids).tolist()
         offsets = self.offsets.tolist()
-        starts: list[int] = []
-        ends: list[int] = []
-        for c in ids:
-            if ends and ends[-1] == offsets[c]:
-                ends[-1] = offsets[c + 1]
-            else:
-                starts.append(offsets[c])
-                ends.append(offsets[c + 1])
-        return starts, ends
+        merged = merge_adjacent_ranges([offsets[c] for c in ids], [offsets[c + 1] for c in ids])
+        return [start for start, _ in merged], [end for _, end in merged]
 
     def positions_of(self, cluster_ids: ClusterIds) -> Tensor:
         """(K,) int64 sorted layout positions of the given clusters' tokens.
