@@ -4,7 +4,7 @@ The default tree (nodes, depth, top-k) is chosen by running `hf-dynaspec bench -
 Spec-Bench figures it is then judged by stay held out. Each prompt mimics a Spec-Bench category from material
 no training mix, corpus or evaluation set uses: GSM8K *test* questions that Spec-Bench does not hold, GPTeacher
 codegen / roleplay records the prompt mixes left unused (and not the code slice), and fixed templates for the
-categories the shared data lacks (writing, STEM, humanities, QA). Needs no model: it runs in a second.
+categories the shared data lacks (writing, STEM, humanities, QA). Needs no model.
 
     python recipes/smollm2/tuning_prompts.py --out data/tuning_prompts.jsonl
 """
@@ -16,6 +16,9 @@ import hashlib
 import json
 import random
 from pathlib import Path
+
+from build_prompts import read_json as read_records  # recipes/smollm2/build_prompts.py, beside this script
+from build_prompts import with_input
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data"
@@ -35,16 +38,6 @@ REASONING = ("If all bloops are razzies and some razzies are lazzies, must some 
              "Three boxes are labelled apples, oranges and mixed, and every label is wrong. You may take one fruit "
              "from one box. How do you relabel them?")
 RAG_QUESTIONS = ("What is the main point of the passage?", "List two facts stated in the passage.")
-
-
-def read_records(path: Path) -> list[dict]:
-    text = path.read_text()
-    return json.loads(text) if text.lstrip().startswith("[") else [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def with_input(record: dict) -> str:
-    extra = record.get("input") or ""
-    return f"{record['instruction']}\n\n{extra}".strip() if extra else record["instruction"]
 
 
 def used_texts() -> set[str]:
