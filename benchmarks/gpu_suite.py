@@ -41,11 +41,9 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
-import functools
 import gc
 import importlib.metadata
 import importlib.util
-import inspect
 import json
 import math
 import os
@@ -253,39 +251,6 @@ def head_only_target(fields: dict[str, Any], dtype: torch.dtype, device: torch.d
         module.to_empty(device=device).to(dtype)
         torch.nn.init.normal_(module.weight, std=0.02)
     return target.eval()
-
-
-def cache_kwarg(model: torch.nn.Module | type = transformers.LlamaForCausalLM) -> str:
-    """The name a model (or model class) takes its KV cache by in forward: `cache` (what this package passes;
-    transformers 5.24 has it) or the older `past_key_values`."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def renaming_cache(forward: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(forward)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if "cache" in kwargs:
-            kwargs["past_key_values"] = kwargs.pop("cache")
-        return forward(self, *args, **kwargs)
-
-    return wrapper
-
-
-@contextlib.contextmanager
-def cache_shim() -> Iterator[None]:
-    """Where models take `past_key_values` (transformers 5.17), hand them the `cache=` that hf_dynaspec passes
-    (targets of the families here and the drafter's LlamaAttention); a no-op where `cache` exists. Without it
-    `cache=` vanishes into **kwargs and no KV cache is kept."""
-    if cache_kwarg() == "cache":
-        yield
-        return
-    from transformers.models.llama.modeling_llama import LlamaAttention
-
-    classes = [getattr(transformers, model) for _, model in FAMILIES.values()] + [LlamaAttention]
-    with contextlib.ExitStack() as stack:
-        for cls in classes:
-            stack.enter_context(mock.patch.object(cls, "forward", renaming_cache(cls.forward)))
-        yield
 
 
 def check_cache_length(cache: DynamicCache, expected: int) -> None:
@@ -496,16 +461,16 @@ def verify_inputs(target: torch.nn.Module, context: int, n: int, mask: str) -> d
 
 def verify_context(ctx: Context, target: torch.nn.Module, context: int, bar: tqdm) -> list[dict[str, Any]]:
     """Fill a cache with `context` random tokens, then time forwards over n new tokens, cropping back."""
-    cache, name = DynamicCache(), cache_kwarg(target)
+    cache = DynamicCache()
     ids = torch.randint(0, target.config.vocab_size, (1, context), device=ctx.device)
-    target(input_ids=ids, use_cache=True, logits_to_keep=1, **{name: cache})
+    target(input_ids=ids, use_cache=True, logits_to_keep=1, cache=cache)
     check_cache_length(cache, context)
     rows = []
     for mask in ("tree", "causal"):
         for n in ctx.plan.verify_nodes:
             inputs = verify_inputs(target, context, n, mask)
             ms = ctx.time_ms(
-                lambda: target(**inputs, use_cache=True, output_hidden_states=True, **{name: cache}),  # noqa: B023
+                lambda: target(**inputs, use_cache=True, output_hidden_states=True, cache=cache),  # noqa: B023
                 reset=lambda: crop_cache(cache, context),
             )
             rows.append(dict(context=context, mask=mask, nodes=n, ms=ms))
@@ -528,7 +493,7 @@ def run_verify(ctx: Context) -> dict[str, Any]:
         rows += verify_context(ctx, target, context, bar)
     bar.close()
     del target
-    notes = [f"cache passed as `{cache_kwarg()}=`; cost = ms / ms(n = 1) at the same context and mask"]
+    notes = ["cost = ms / ms(n = 1) at the same context and mask"]
     model = {**plan.verify_model, "dtype": str(ctx.dtype), "build_seconds": build_s}
     return {"model": model, "rows": rows, "notes": notes}
 
@@ -915,10 +880,6 @@ def compatibility_notes() -> list[str]:
     notes = []
     if PACKAGE_ERROR is not None:
         notes.append(PACKAGE_ERROR)
-    if cache_kwarg() != "cache":
-        notes.append(f"transformers {transformers.__version__} models take `past_key_values`, not the `cache` "
-                     "hf_dynaspec passes (it needs >= 5.20): the suite renamed it for the target families here and "
-                     "the drafter's LlamaAttention (`cache_shim`)")
     return notes
 
 
@@ -953,7 +914,7 @@ def run_section(name: str, ctx: Context, out: Path, errors: dict[str, str]) -> N
     log(out, f"run {name}")
     began = time.perf_counter()
     try:
-        with torch.no_grad(), cache_shim():
+        with torch.no_grad():
             data = RUNNERS[name](ctx)
     except Exception:  # noqa: BLE001 - one failing section must not cost the others
         errors[name] = traceback.format_exc()

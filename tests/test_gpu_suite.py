@@ -199,13 +199,3 @@ def test_quick_sections_are_redone_by_a_full_run(suite, run):
     assert not suite.is_done(out / "sections" / "head.json", ctx)  # saved by a --quick run
     ctx.args.quick = True
     assert suite.is_done(out / "sections" / "head.json", ctx)
-
-
-def test_cache_shim_renames_the_keyword_for_older_transformers(suite):
-    class Old:
-        def forward(self, input_ids=None, past_key_values=None, **kwargs):
-            return past_key_values, kwargs
-
-    forward = suite.renaming_cache(Old.forward)
-    assert forward(Old(), input_ids=1, cache="kv") == ("kv", {})
-    assert forward(Old(), past_key_values="kv", use_cache=True) == ("kv", {"use_cache": True})
