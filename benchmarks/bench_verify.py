@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from hf_dynaspec.cpu import prepare_for_cpu
-from hf_dynaspec.generation.calibration import measure_walk_rows, time_forward
+from hf_dynaspec.generation.calibration import measure_walk_head, time_forward
 from hf_dynaspec.targets import load_target
 
 
@@ -39,12 +39,13 @@ def main() -> None:
         target(input_ids=torch.randint(0, target.config.vocab_size, (1, args.context)), cache=cache, use_cache=True)
     sizes = range(1, args.max_nodes + 1)
     loaded = [time_forward(target, cache, args.context, n, args.repeats) for n in sizes]
-    walk = [time_forward(target, cache, args.context, n, args.repeats, walk_rows=measure_walk_rows(target)) for n in sizes]
+    head = measure_walk_head(target)
+    walk = [time_forward(target, cache, args.context, n, args.repeats, walk_head=head) for n in sizes]
     prepare_for_cpu(target)
     relaid = [time_forward(target, cache, args.context, n, args.repeats) for n in sizes]
     print(f"target {args.target}, context {args.context}, {torch.get_num_threads()} threads, {target.dtype}")
-    print("| n tokens | all logits: ms | x (n = 1) | walk logits (3 rows): ms | x (n = 1) | re-laid, all logits: ms "
-          "| x (n = 1) |\n|---|---|---|---|---|---|---|")
+    print(f"| n tokens | all logits: ms | x (n = 1) | walk logits ({head.rows} rows, {head.layout} layout): ms "
+          "| x (n = 1) | re-laid, all logits: ms | x (n = 1) |\n|---|---|---|---|---|---|---|")
     for n, a, r, b in zip(sizes, loaded, walk, relaid):
         print(f"| {n} | {a * 1e3:.1f} | {a / loaded[0]:.2f} | {r * 1e3:.1f} | {r / loaded[0]:.2f} | {b * 1e3:.1f} "
               f"| {b / loaded[0]:.2f} |")

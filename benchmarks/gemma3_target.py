@@ -22,7 +22,7 @@ from transformers import DynamicCache
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.bench import load_bench_prompts, machine_description, write_doc_block
-from hf_dynaspec.generation.calibration import measure_walk_rows, time_forward
+from hf_dynaspec.generation.calibration import measure_walk_head, time_forward
 from hf_dynaspec.generation.verify import crop_cache
 from hf_dynaspec.targets import load_target
 
@@ -96,8 +96,12 @@ def costs(target, drafter, context: int = 512) -> dict:
     runs on CPU), the drafter layer over one position, and the drafter's head per mode and row count."""
     cache = DynamicCache()
     target(input_ids=torch.randint(0, 1000, (1, context)), cache=cache, use_cache=True)
-    out = {"target_forward_ms": {n: 1e3 * time_forward(target, cache, context, n, 5, walk_rows=measure_walk_rows(target))
+    walk_head = measure_walk_head(target)
+    out = {"target_forward_ms": {n: 1e3 * time_forward(target, cache, context, n, 5, walk_head=walk_head)
                                  for n in (1, 2, 4, 8, 16)}}
+    # the target's own head as verification applies it: ms for 1..8 rows in each weight layout, and the choice
+    out["walk_head"] = {"layout": walk_head.layout, "rows": walk_head.rows,
+                        "ms": {layout: [round(1e3 * t, 2) for t in times] for layout, times in walk_head.seconds.items()}}
     d = drafter.config.hidden_size
     dcache = DynamicCache()
     drafter(input_ids=torch.randint(0, 1000, (1, context)), hidden_states=torch.randn(1, context, d),

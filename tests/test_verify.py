@@ -11,6 +11,7 @@ from hf_dynaspec import DynaSpecGenerationConfig
 from hf_dynaspec.generation import decoding, verify
 from hf_dynaspec.generation.tree import DraftTree, compact
 from hf_dynaspec.generation.verify import head_reproduces_logits
+from hf_dynaspec.generation.walk_head import WalkHead, choose_walk_head, walk_cost
 
 
 def final_hidden_and_logits(model, ids):
@@ -42,8 +43,8 @@ def test_unknown_logit_post_processing_is_detected():
     assert not head_reproduces_logits(model, hidden, logits * 0 + logits.max())
 
 
-@pytest.mark.parametrize("walk_logits", [True, False])
-def test_both_logit_paths_are_exact(target, drafter, walk_logits, monkeypatch):
+@pytest.mark.parametrize("walk_logits,layout", [(True, "rows"), (True, "columns"), (False, "rows")])
+def test_both_logit_paths_are_exact(target, drafter, walk_logits, layout, monkeypatch):
     on_demand = []
     original = verify.NodeLogits.row
 
@@ -52,7 +53,8 @@ def test_both_logit_paths_are_exact(target, drafter, walk_logits, monkeypatch):
         return original(self, node)
 
     monkeypatch.setattr(decoding, "head_reproduces_logits", lambda *args: walk_logits)
-    monkeypatch.setattr(decoding, "measure_walk_rows", lambda target: 2)  # rows past the second: on demand
+    # rows past the second: on demand
+    monkeypatch.setattr(decoding, "measure_walk_head", lambda target: WalkHead.of(target, 2, layout))
     monkeypatch.setattr(verify.NodeLogits, "row", counting_row)
     ids = prompt(7, seed=4)
     config = DynaSpecGenerationConfig(tree_policy="eagle2", num_draft_nodes=10, draft_depth=4, draft_top_k=3,
@@ -69,9 +71,10 @@ def test_both_logit_paths_are_exact(target, drafter, walk_logits, monkeypatch):
         assert on_demand == []
 
 
-def test_walk_rows_match_the_full_logits(target):
-    """The rows verify_forward computes for the likeliest walk, and those made on demand, equal the rows of a
-    forward with every logit (same tree, same cache)."""
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_walk_rows_match_the_full_logits(target, layout):
+    """The rows verify_forward computes for the likeliest walk, and those made on demand (in either weight
+    layout), equal the rows of a forward with every logit (same tree, same cache)."""
     pool = DraftTree(root_token=3)
     a = pool.add(5, 0, -0.1)
     pool.add(6, 0, -0.5)
@@ -84,7 +87,8 @@ def test_walk_rows_match_the_full_logits(target):
         cache = DynamicCache()
         with torch.no_grad():
             target(input_ids=prompt(6), cache=cache, use_cache=True)
-            logits, _ = verify.verify_forward(target, cache, tree, past_length=6, walk_rows=3 if walk_logits else 0)
+            head = WalkHead.of(target, 3, layout) if walk_logits else None
+            logits, _ = verify.verify_forward(target, cache, tree, past_length=6, walk_head=head)
             rows[walk_logits] = torch.cat([logits.row(i) for i in range(tree.num_nodes)])  # (n, V)
         if walk_logits:
             assert sorted(logits.rows) == list(range(tree.num_nodes))  # after reading every row
@@ -92,11 +96,41 @@ def test_walk_rows_match_the_full_logits(target):
     torch.testing.assert_close(rows[True], rows[False], rtol=1e-5, atol=1e-5)
 
 
-def test_walk_rows_are_measured_and_memoised(target, monkeypatch):
+def test_walk_head_is_measured_and_memoised(target, monkeypatch):
     from hf_dynaspec.generation import calibration
 
-    monkeypatch.setattr(calibration, "_WALK_ROWS", calibration.weakref.WeakKeyDictionary())
-    costs = iter([1.0, 1.05, 1.1, 1.3, 1.0, 2.0, 2.0, 2.0])  # seconds of 1..8 rows: 5 rows are "free"
+    monkeypatch.setattr(calibration, "_WALK_HEADS", calibration.weakref.WeakKeyDictionary())
+    rows = [1.0, 1.05, 1.1, 1.3, 1.4, 2.0, 2.0, 2.0]  # seconds of 1..8 rows: 3 rows cost about one
+    columns = [0.6, 1.2, 1.8, 2.4, 3.0, 3.6, 4.2, 4.8]  # one row is cheaper, but a 3-row walk is not
+    costs = iter(rows + columns + rows + columns)
     monkeypatch.setattr(calibration, "_median_seconds", lambda fn, repeats, device: (fn(), next(costs))[1])
-    assert calibration.measure_walk_rows(target) == 5
-    assert calibration.measure_walk_rows(target) == 5  # memoised: no second timing (the iterator is spent)
+    head = calibration.measure_walk_head(target)
+    assert (head.layout, head.rows, head.seconds["columns"]) == ("rows", 3, tuple(columns))
+    assert calibration.measure_walk_head(target) is head  # memoised: no second timing
+    with torch.no_grad():
+        target.get_output_embeddings().weight.mul_(1.0)  # an in-place update: a cached copy could be stale
+    assert calibration.measure_walk_head(target) is not head  # measured anew (the iterator's second half)
+    with pytest.raises(StopIteration):
+        next(costs)
+
+
+def test_walk_head_choice_follows_the_costs():
+    # a 262,144 x 640 head on one AMD EPYC (ms): the transposed copy wins for 1-3 rows, loses beyond
+    rows = (73.0, 158.0, 247.0, 215.0, 215.0, 216.0, 218.0, 220.0)
+    columns = (45.0, 102.0, 131.0, 263.0, 280.0, 300.0, 320.0, 342.0)
+    assert choose_walk_head({"rows": rows, "columns": columns}, walk=3, columns_margin=0.9) == ("columns", 3)
+    assert choose_walk_head({"rows": rows, "columns": columns}, walk=6, columns_margin=0.9) == ("rows", 6)
+    assert walk_cost(columns, 3, 6) == 131.0 + 3 * 45.0
+    # a copy that saves under 10% is not kept
+    assert choose_walk_head({"rows": rows, "columns": tuple(0.95 * t for t in rows)}, 3, 0.9) == ("rows", 5)
+
+
+def test_columns_layout_keeps_the_bias_and_the_soft_cap():
+    model = tiny_gemma2()
+    hidden, logits = final_hidden_and_logits(model, prompt(5, vocab_size=64))
+    head = WalkHead.of(model, layout="columns")
+    assert head.weight_t.shape == (32, 64) and head.weight_t.is_contiguous()
+    assert head.reproduces(hidden, logits)
+    torch.testing.assert_close(head(hidden), WalkHead.of(model)(hidden), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="layout"):
+        WalkHead.of(model, layout="diagonal")

@@ -3,9 +3,9 @@
 - `measure_verify_costs`: how much a target forward over n tokens costs here, in decoding steps (the c(n) of
   `cost.py`), timing forwards shaped as verifications (4D mask, explicit positions, hidden states, walk logits
   as `verify.verify_forward` computes them); `verify_costs_for` turns the `verify_costs` setting into a model.
-- `measure_walk_rows`: how many LM-head rows the verification pass computes at once on the CPU walk path: the
-  most rows r <= 8 whose head product costs at most `tolerance` more than one row (BLAS streams the weights
-  once for a few rows; how many, and whether it pays at all, depends on the machine and the head's shape).
+- `measure_walk_head`: how the CPU walk path applies the target's LM head (`walk_head.WalkHead`): in which
+  weight layout, and how many rows the verification pass computes at once, from both layouts timed for 1..8
+  rows (how BLAS fares with a few rows, and which layout it prefers, depends on the machine and the head's shape).
 Both are memoised per target, device, dtype and thread count.
 
     python -c "from hf_dynaspec.generation.calibration import measure_verify_costs; help(measure_verify_costs)"
@@ -13,6 +13,7 @@ Both are memoised per target, device, dtype and thread count.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 import weakref
@@ -24,30 +25,41 @@ from ..masks import target_masks
 from .config import DraftSettings
 from .cost import VerifyCosts
 from .verify import crop_cache
+from .walk_head import LAYOUTS, WalkHead, choose_walk_head
 
 CALIBRATION_CONTEXT = 128  # cached tokens under the timed forwards (the cost barely moves with context)
 CALIBRATION_REPEATS = 3  # median of this many timed forwards per size
 MAX_MEASURED = 32  # sizes timed by "auto"; beyond, c grows by its last step
 MAX_WALK_ROWS = 8
-WALK_ROWS_TOLERANCE = 0.15  # a row is "free" when r rows cost at most 15% more than one
+EXPECTED_WALK = 3  # rows a step's walk reads (accepted drafts + bonus token), the prior behind the rows at once
+COLUMNS_MARGIN = 0.9  # the "columns" layout's weight copy must make the walk at least 10% cheaper
 _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {setting: costs}
-_WALK_ROWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {setting: rows}
+_WALK_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {setting: WalkHead}
 
 
 @torch.no_grad()
-def measure_walk_rows(target: torch.nn.Module, max_rows: int = MAX_WALK_ROWS, repeats: int = 5,
-                      tolerance: float = WALK_ROWS_TOLERANCE) -> int:
-    """The most LM-head rows (1..max_rows) that cost at most (1 + tolerance) x one row here (median timings of
-    the target's own output embedding, as the verification pass applies it). Memoised per target and setting."""
-    key = (max_rows, str(target.device), target.dtype, torch.get_num_threads())
-    memo = _WALK_ROWS.setdefault(target, {})
+def measure_walk_head(target: torch.nn.Module, max_rows: int = MAX_WALK_ROWS, repeats: int = 5,
+                      walk: int = EXPECTED_WALK, columns_margin: float = COLUMNS_MARGIN) -> WalkHead:
+    """The target's head in the layout, and with the rows at once, that make a walk of `walk` rows cheapest
+    here (median timings of 1..max_rows rows in each layout; `walk_head.choose_walk_head`). Memoised per
+    target, setting and head weights (an in-place update of the weights measures anew: the "columns" copy would
+    be stale)."""
+    weight = target.get_output_embeddings().weight
+    key = (max_rows, walk, columns_margin, str(target.device), target.dtype, torch.get_num_threads(),
+           weight.data_ptr(), weight._version)
+    memo = _WALK_HEADS.setdefault(target, {})
     if key not in memo:
-        head = target.get_output_embeddings()
-        hidden = torch.randn(max_rows, head.weight.shape[1], device=target.device, dtype=head.weight.dtype)
-        head(hidden)  # warm-up
-        seconds = [_median_seconds(lambda r=r: head(hidden[:r]), repeats, target.device)
-                   for r in range(1, max_rows + 1)]
-        memo[key] = max(r for r in range(1, max_rows + 1) if seconds[r - 1] <= (1 + tolerance) * seconds[0])
+        memo.clear()  # an older key may hold a stale copy of the weights
+        hidden = torch.randn(max_rows, weight.shape[1], device=target.device, dtype=weight.dtype)
+        seconds = {}
+        for layout in LAYOUTS:
+            head = WalkHead.of(target, layout=layout)
+            head(hidden)  # warm-up
+            seconds[layout] = tuple(_median_seconds(lambda r=r, h=head: h(hidden[:r]), repeats, target.device)
+                                    for r in range(1, max_rows + 1))
+            del head  # drop the "columns" copy until it is chosen
+        layout, rows = choose_walk_head(seconds, walk, columns_margin)
+        memo[key] = dataclasses.replace(WalkHead.of(target, rows, layout), seconds=seconds)
     return memo[key]
 
 
@@ -68,45 +80,50 @@ def _median_seconds(fn, repeats: int, device: torch.device, after=None) -> float
 
 @torch.no_grad()
 def time_forward(
-    target: torch.nn.Module, cache: DynamicCache, context: int, n: int, repeats: int, walk_rows: int = 0
+    target: torch.nn.Module, cache: DynamicCache, context: int, n: int, repeats: int,
+    walk_head: WalkHead | None = None,
 ) -> float:
     """Median seconds of a target forward over n new tokens after `context` cached ones, shaped as a
-    verification (4D mask, explicit positions, last hidden state; with `walk_rows` > 0 logits for the first
-    `walk_rows` tokens only, as `verify_forward`). The cache is cropped back after each run."""
+    verification (4D mask, explicit positions, last hidden state; with a `walk_head`, logits for the first
+    `walk_head.rows` tokens only, in its layout, as `verify_forward`). The cache is cropped back after each run."""
     device = target.device
     ids = torch.randint(0, target.config.get_text_config().vocab_size, (1, n), device=device)
     allowed = torch.ones(n, context + n, dtype=torch.bool, device=device).tril(diagonal=context)
     key_positions = torch.arange(context + n, device=device)
     mask = target_masks(target.config, allowed, key_positions[context:], key_positions, target.dtype)
     positions = key_positions[None, context:]  # (1, n)
-    keep = {"logits_to_keep": torch.arange(min(n, walk_rows), device=device)} if walk_rows else {}
+    rows = list(range(min(n, walk_head.rows))) if walk_head else []
+    keep = {"logits_to_keep": walk_head.logits_to_keep(rows, device)} if walk_head else {}
 
     def forward() -> None:
-        target(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-               output_hidden_states=True, **keep)
+        out = target(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                     output_hidden_states=True, **keep)
+        if walk_head is not None and walk_head.layout == "columns":
+            walk_head(out.hidden_states[-1][0, rows])  # (r, V): the walk rows, made outside the model
 
     return _median_seconds(forward, repeats, device, after=lambda: crop_cache(cache, context))  # drop the n tokens
 
 
 def measure_verify_costs(
-    target: torch.nn.Module, max_tokens: int = 17, walk_rows: int | None = None
+    target: torch.nn.Module, max_tokens: int = 17, walk_head: WalkHead | None | str = "auto"
 ) -> VerifyCosts:
     """c(1..max_tokens) of `target` as it verifies here (same device, dtype, threads), relative to c(1);
-    `walk_rows` as verification computes logits (default: `measure_walk_rows` on CPU, all rows elsewhere).
+    `walk_head` as verification computes logits ("auto": `measure_walk_head` on CPU, all rows elsewhere).
     Memoised per target and setting: the first call costs about 4 * max_tokens forwards. `.costs` is what
     `verify_costs=[...]` takes."""
-    if walk_rows is None:
-        walk_rows = measure_walk_rows(target) if target.device.type == "cpu" else 0
-    key = (max_tokens, walk_rows, str(target.device), target.dtype, torch.get_num_threads())
+    if walk_head == "auto":
+        walk_head = measure_walk_head(target) if target.device.type == "cpu" else None
+    walk = (walk_head.layout, walk_head.rows) if walk_head else None
+    key = (max_tokens, walk, str(target.device), target.dtype, torch.get_num_threads())
     memo = _MEASURED.setdefault(target, {})
     if key not in memo:
         cache = DynamicCache()
         ids = torch.randint(0, target.config.get_text_config().vocab_size, (1, CALIBRATION_CONTEXT))
         with torch.no_grad():
             target(input_ids=ids.to(target.device), cache=cache, use_cache=True)
-        time_forward(target, cache, CALIBRATION_CONTEXT, max_tokens, 1, walk_rows)  # warm-up
+        time_forward(target, cache, CALIBRATION_CONTEXT, max_tokens, 1, walk_head)  # warm-up
         seconds = [
-            time_forward(target, cache, CALIBRATION_CONTEXT, n, CALIBRATION_REPEATS, walk_rows)
+            time_forward(target, cache, CALIBRATION_CONTEXT, n, CALIBRATION_REPEATS, walk_head)
             for n in range(1, max_tokens + 1)
         ]
         # timing noise must not make a bigger forward look cheaper: c is made non-decreasing
@@ -115,13 +132,14 @@ def measure_verify_costs(
     return memo[key]
 
 
-def verify_costs_for(settings: DraftSettings, target: torch.nn.Module, walk_rows: int) -> VerifyCosts | None:
+def verify_costs_for(settings: DraftSettings, target: torch.nn.Module, walk_head: WalkHead | None
+                     ) -> VerifyCosts | None:
     """The cost model of `settings.verify_costs` ("off": None; "auto": measured here, once per target)."""
     if settings.verify_costs == "off":
         return None
     if settings.verify_costs == "auto":
         largest = 1 + settings.num_draft_nodes + settings.lookup_num_tokens  # root + drafts + lookup branch
-        return measure_verify_costs(target, min(largest, MAX_MEASURED), walk_rows)
+        return measure_verify_costs(target, min(largest, MAX_MEASURED), walk_head)
     return VerifyCosts(settings.verify_costs)  # a tuple: resolve_draft_settings made it one
 
 

@@ -24,7 +24,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 from ..modeling import DynaSpecDrafter
-from .calibration import measure_walk_rows, verify_costs_for
+from .calibration import measure_walk_head, verify_costs_for
 from .candidates import DynaSpecCandidateGenerator
 from .config import resolve_draft_settings
 from .gate import DraftGate
@@ -37,6 +37,7 @@ from .verify import (
     verify_forward,
     walk_tree,
 )
+from .walk_head import WalkHead
 
 
 @dataclass
@@ -55,7 +56,7 @@ class _Run:
     scores: list[torch.Tensor] = field(default_factory=list)
     raw_logits: list[torch.Tensor] = field(default_factory=list)
     finished: bool = False
-    walk_rows: int = 0  # > 0: verification computes this many LM-head rows along the likeliest walk (prefill)
+    walk_head: WalkHead | None = None  # verification computes LM-head rows along the likeliest walk (prefill)
 
     def full_ids(self) -> torch.LongTensor:
         """The sequence as plain generate() sees it, left padding included."""
@@ -115,7 +116,7 @@ def speculative_decode(
     with torch.no_grad():
         features, next_tokens = prefill(target, run, drafter.config.feature_layer_ids)
         if not run.finished:
-            costs = verify_costs_for(settings, target, walk_rows=run.walk_rows)
+            costs = verify_costs_for(settings, target, run.walk_head)
             generator = DynaSpecCandidateGenerator(drafter, settings, run.stats, costs)
             generator.extend(features, next_tokens)
             gate = DraftGate() if settings.draft_gate else None
@@ -136,13 +137,13 @@ def prefill(target: torch.nn.Module, run: _Run, feature_layers: list[int]) -> tu
         keep = hidden_state_request(target.config, feature_layers)  # only the layers read, not all of them
         out = target(input_ids=prompt, cache=run.cache, use_cache=True, output_hidden_states=keep, **last_only)
         raw = out.logits[:, -1].float()  # (1, V)
-        # On CPU the LM head's cost grows with its rows: apply it only along the walk when that is exact, as
-        # many rows at once as cost about one here (measured once per target)
-        walk_path = (
-            bool(last_only) and target.device.type == "cpu"
-            and head_reproduces_logits(target, out.hidden_states[-1][0, -1:], raw)
-        )
-        run.walk_rows = measure_walk_rows(target) if walk_path else 0
+        # On CPU the LM head's cost grows with its rows: apply it only along the walk when that is exact, in the
+        # layout and with the rows at once that are cheapest here (measured once per target)
+        hidden = out.hidden_states[-1][0, -1:]  # (1, d)
+        walk_path = bool(last_only) and target.device.type == "cpu" and head_reproduces_logits(target, hidden, raw)
+        run.walk_head = measure_walk_head(target) if walk_path else None
+        if run.walk_head is not None and run.walk_head.layout == "columns" and not run.walk_head.reproduces(hidden, raw):
+            run.walk_head = None  # the transposed product strays from the model's logits: verify all rows
         scores = run.logits_processor(run.full_ids(), raw.clone()) if len(run.logits_processor) else raw
         token = choose_token(scores[0], run.generation_config.do_sample)
         run.emit([token], [scores], [raw])
@@ -164,7 +165,7 @@ def speculative_step(
     else:
         tree = generator.root_tree(int(run.input_ids[0, -1]))
     with run.stats.timer("verify", target.device):
-        logits, features = verify_forward(target, run.cache, tree, past_length, run.walk_rows,
+        logits, features = verify_forward(target, run.cache, tree, past_length, run.walk_head,
                                           generator.feature_layers)
         walk = walk_tree(
             tree, logits, run.full_ids(), run.logits_processor, run.generation_config.do_sample, run.keep_scores

@@ -3,11 +3,10 @@
 - `verify_forward`: the target runs once over [root, nodes...] on top of its cache with a 4D tree mask (each
   node sees the committed prefix and its own ancestors; on sliding-window layers only those within the window
   of its own position, `masks.target_masks`) and per-node positions (prefix length + depth).
-  With `walk_rows` r > 0, that pass computes logits only for the likeliest walk (the root and its chain of
-  best children, r nodes; r measured on this machine by `calibration.measure_walk_rows`: on CPU a few rows
-  often cost one, since BLAS streams the head's weights once for
-  up to 3 rows); `NodeLogits` applies the target's LM head to any other node's final hidden state when
-  the walk reaches it. So a step pays for about one head pass instead of n rows (on CPU the head is ~20%
+  With a `walk_head` (`walk_head.WalkHead`), that pass computes logits only for the likeliest walk (the root and
+  its chain of best children, r nodes; r and the head's weight layout measured on this machine by
+  `calibration.measure_walk_head`: on CPU a few rows often cost one, since BLAS streams the head's weights once
+  for them); `NodeLogits` applies the same head to any other node's final hidden state when the walk reaches it. So a step pays for about one head pass instead of n rows (on CPU the head is ~20%
   of SmolLM2's weights and its cost grows with rows).
 - `walk_tree`: from the root, the target picks the next token with the user's logits processors applied to
   its logits at that node (greedy: argmax; sampling: see `_sample_child`), and the walk follows the child
@@ -27,9 +26,9 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import LogitsProcessorList
 
-from ..head import LogitTransform
 from ..masks import target_masks
 from .tree import VerifyTree
+from .walk_head import WalkHead
 
 
 @dataclass
@@ -47,13 +46,12 @@ class WalkResult:
 class NodeLogits:
     """Raw target logits at tree nodes, each (1, V) fp32: every row of `full` (n, V) when the verification pass
     computed them all; else precomputed `rows`, the rest made on demand by `head` (the target's output
-    embedding, then its `transform`: scaling, soft-capping) from `hidden` (n, d), the final (normed) hidden
+    embedding, then its logit transform: scaling, soft-capping) from `hidden` (n, d), the final (normed) hidden
     states."""
 
     hidden: torch.Tensor | None
-    head: torch.nn.Module | None
+    head: WalkHead | None
     rows: dict[int, torch.Tensor]
-    transform: LogitTransform = LogitTransform()
 
     full: torch.Tensor | None = None  # (n, V) when every row was computed in the verification pass
 
@@ -71,7 +69,7 @@ class NodeLogits:
             if self.full is not None:
                 self.rows[node] = self.full[node : node + 1].float()  # (1, V)
             else:
-                self.rows[node] = self.transform(self.head(self.hidden[node : node + 1]).float())  # (1, V)
+                self.rows[node] = self.head(self.hidden[node : node + 1])  # (1, V)
         return self.rows[node]
 
 
@@ -79,12 +77,7 @@ def head_reproduces_logits(target: torch.nn.Module, hidden: torch.Tensor, logits
     """Does the target's output embedding applied to its final hidden states (1, d), then its known logit
     transform (scaling, soft-capping), give its logits (1, V)? False for models that post-process logits in
     other ways: those verify with full logits."""
-    head = target.get_output_embeddings()
-    if head is None:
-        return False
-    with torch.no_grad():
-        mine = LogitTransform.of(target.config)(head(hidden).float())  # (1, V)
-    return mine.shape == logits.shape and torch.allclose(mine, logits.float(), rtol=1e-4, atol=1e-4)
+    return target.get_output_embeddings() is not None and WalkHead.of(target).reproduces(hidden, logits)
 
 
 def likely_walk(tree: VerifyTree, length: int) -> list[int]:
@@ -119,16 +112,15 @@ def verify_forward(
     cache: DynamicCache,
     tree: VerifyTree,
     past_length: int,
-    walk_rows: int = 0,
+    walk_head: WalkHead | None = None,
     feature_layers: list[int] | tuple[int, ...] = (-1,),
 ) -> tuple[NodeLogits, torch.Tensor]:
-    """Target logits at every tree node (all computed, or with `walk_rows` > 0 those of `likely_walk` and the
-    rest on demand) and the drafter's features of every node, root included: the hidden states
+    """Target logits at every tree node (all computed, or with a `walk_head` those of `likely_walk` and the
+    rest on demand, in its layout) and the drafter's features of every node, root included: the hidden states
     `feature_layers` concatenated (n, k * d)."""
-    walk_logits = walk_rows > 0
     device = target.device
     n = tree.num_nodes
-    rows = likely_walk(tree, walk_rows) if walk_logits else None
+    rows = likely_walk(tree, walk_head.rows) if walk_head else []
     allowed = torch.cat([torch.ones(n, past_length, dtype=torch.bool), tree.ancestor], dim=1)  # (n, past + n)
     positions = (past_length + tree.depths).to(device)  # (n,) each node at prefix length + depth
     key_positions = torch.cat([torch.arange(past_length, device=device), positions])  # (past + n,)
@@ -140,14 +132,14 @@ def verify_forward(
         cache=cache,
         use_cache=True,
         output_hidden_states=hidden_state_request(target.config, feature_layers),
-        **({"logits_to_keep": torch.tensor(rows, device=device)} if walk_logits else {}),
+        **({"logits_to_keep": walk_head.logits_to_keep(rows, device)} if walk_head else {}),
     )
     features = select_hidden_states(out.hidden_states, list(feature_layers))[0]  # (n, k * d)
-    if walk_logits:
+    if walk_head is not None:
         hidden = out.hidden_states[-1][0]  # (n, d) final normed states: the head's input
-        known = {node: out.logits[0, i : i + 1].float() for i, node in enumerate(rows)}  # each (1, V)
-        head, transform = target.get_output_embeddings(), LogitTransform.of(target.config)
-        return NodeLogits(hidden, head, known, transform), features
+        made = out.logits[0].float() if walk_head.layout == "rows" else walk_head(hidden[rows])  # (r, V)
+        known = {node: made[i : i + 1] for i, node in enumerate(rows)}  # each (1, V)
+        return NodeLogits(hidden, walk_head, known), features
     return NodeLogits.from_tensor(out.logits[0]), features
 
 
