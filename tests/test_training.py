@@ -270,11 +270,31 @@ def test_unrolled_training_learns_and_reports_depths(tiny, eagle3_dataset, tmp_p
 def test_split_per_folder_is_stable_when_folders_are_added(dataset):
     from hf_dynaspec.training.trainer import load_split
 
-    train_one, held_one = load_split(dataset, 0.25, seed=0)
-    train_two, held_two = load_split([dataset, dataset], 0.25, seed=0)
+    train_one, held_one, sizes_one = load_split(dataset, 0.25, seed=0)
+    train_two, held_two, sizes_two = load_split([dataset, dataset], 0.25, seed=0)
     key = [tuple(c.input_ids.tolist()) for c in held_one]
     assert [tuple(c.input_ids.tolist()) for c in held_two[: len(held_one)]] == key
     assert len(train_two) == 2 * len(train_one)
+    assert sizes_two == 2 * sizes_one == [len(train_one) + len(held_one)] * 2
+
+
+def test_resuming_on_a_grown_folder_is_refused(tiny, eagle3_dataset, tmp_path):
+    """A folder that changed under a checkpoint would move the held-out split onto trained conversations."""
+    import shutil
+
+    target, _ = tiny
+    kwargs = dict(lr=1e-3, batch_size=1, seq_len=8, ckpt_dir=tmp_path / "ckpt", heldout_fraction=0.25,
+                  progress=False)
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8)
+    train_drafter(drafter, target, eagle3_dataset, steps=1, **kwargs)
+    train_drafter(drafter, target, [eagle3_dataset, eagle3_dataset], steps=2, **kwargs)  # an added folder: fine
+    grown = tmp_path / "grown"
+    shutil.copytree(eagle3_dataset, grown)
+    index = json.loads((grown / "index.json").read_text())
+    index["shards"] = index["shards"] * 2  # the same folder with more conversations
+    (grown / "index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match="another --data folder"):
+        train_drafter(drafter, target, [grown, eagle3_dataset], steps=3, **kwargs)
 
 
 def test_bf16_autocast_training_records_a_learning_curve_across_resumes(tiny, eagle3_dataset, tmp_path):

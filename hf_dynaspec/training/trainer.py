@@ -329,7 +329,7 @@ def train_drafter(
     if unroll < 1:
         raise ValueError(f"unroll must be >= 1 (draft steps trained per position), got {unroll}.")
     drafter.bind(target)
-    train, heldout = load_split(data_dir, heldout_fraction, seed)
+    train, heldout, sizes = load_split(data_dir, heldout_fraction, seed)
     check_data_layers(train, drafter.config.feature_layer_ids)
     ckpt = Path(ckpt_dir)
     if router_only:
@@ -339,6 +339,7 @@ def train_drafter(
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
     saved = load_checkpoint(ckpt, drafter, optimizer) if resume else None
+    check_same_split(saved, sizes, ckpt)
     start = int(saved["step"]) if saved else 0
     curve: list[dict[str, Any]] = list(saved.get("curve", [])) if saved else []
     seen_before = int(saved.get("positions_seen", 0)) if saved else 0
@@ -371,7 +372,8 @@ def train_drafter(
                 drafter.train()
             if done % ckpt_every == 0 or done == steps:
                 state = _state(done, lr, batch_size, seq_len, history, start, unroll)
-                save_checkpoint(ckpt, drafter, optimizer, state | {"curve": curve, "positions_seen": seen})
+                save_checkpoint(ckpt, drafter, optimizer,
+                                state | {"curve": curve, "positions_seen": seen, "data_conversations": sizes})
     drafter.eval()
     elapsed = time.perf_counter() - t0
     return {
@@ -386,19 +388,36 @@ def train_drafter(
 
 def load_split(
     data_dirs: str | os.PathLike | Sequence[str | os.PathLike], heldout_fraction: float, seed: int
-) -> tuple[list[Conversation], list[Conversation]]:
-    """(train, heldout) conversations of one or several dataset folders, each folder split on its own."""
+) -> tuple[list[Conversation], list[Conversation], list[int]]:
+    """(train, heldout, conversations per folder) of one or several dataset folders, each folder split on its
+    own (a permutation of its usable conversations: the split moves if a folder gains or loses any)."""
     data_dirs = as_folders(data_dirs)
     train: list[Conversation] = []
     heldout: list[Conversation] = []
+    sizes: list[int] = []
     for data_dir in data_dirs:
         usable = [c for c in load_dataset(data_dir) if c.hidden.shape[0] >= 2 and bool(c.loss_mask[2:].any())]
         part_train, part_held = split_heldout(usable, heldout_fraction, seed)
         train += part_train
         heldout += part_held
+        sizes.append(len(usable))
     if not train:
         raise ValueError(f"{', '.join(map(str, data_dirs))} holds no training conversations.")
-    return train, heldout
+    return train, heldout, sizes
+
+
+def check_same_split(saved: dict[str, Any] | None, sizes: list[int], ckpt: Path) -> None:
+    """Refuse to resume on data whose held-out split moved: each folder's split is a permutation of its
+    conversations, so a folder that grew would put conversations already trained on into the held-out set
+    (and inflate every held-out figure). Added folders are fine: they are split on their own."""
+    before = (saved or {}).get("data_conversations")
+    if before is not None and list(sizes[: len(before)]) != list(before):
+        raise ValueError(
+            f"{ckpt} was trained on data folders of {before} conversations, now {sizes[: len(before)]}: a folder "
+            "that changed moves the held-out split onto conversations already trained on. Keep those folders as "
+            "they were and pass new data as another --data folder (it is split on its own), or start anew "
+            "(--no-resume)."
+        )
 
 
 def curve_point(drafter, heldout: list[Conversation], seq_len: int, step: int, seen: int, unroll: int,
