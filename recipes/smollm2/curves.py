@@ -2,7 +2,9 @@
 
 Reads the `curve` that `hf-dynaspec train --eval-every N` keeps in the checkpoint's trainer_state.json and writes
 `curve.json`, `curve.md` and `curve.png` into `--out`, and the table into recipes/smollm2/training.md (a generated
-block), so the next person can see whether more data or more steps would pay.
+block), so the next person can see whether more data or more steps would pay. Several `--ckpt` are stages of one
+drafter, in order (a run started from the previous stage's weights, e.g. on more data): their steps and positions
+add up, and each point names its stage.
 
     python recipes/smollm2/curves.py --ckpt runs/smollm2-eagle3/ckpt --out benchmarks/results/cpu-smollm2-eagle3-train
 """
@@ -27,6 +29,18 @@ def load_curve(ckpt: Path) -> tuple[list[dict], dict]:
     return curve, state
 
 
+def chain(stages: list[tuple[list[dict], dict]]) -> list[dict]:
+    """One curve from stages run one after the other: each stage's steps and positions offset by the totals of
+    those before it (its trainer state's final step and positions seen); every point gets its 1-based stage."""
+    points, steps, positions = [], 0, 0
+    for number, (curve, state) in enumerate(stages, start=1):
+        points += [p | {"stage": number, "step": p["step"] + steps, "positions_seen": p["positions_seen"] + positions}
+                   for p in curve]
+        steps += int(state["step"])
+        positions += int(state.get("positions_seen", curve[-1]["positions_seen"]))
+    return points
+
+
 def trend(curve: list[dict], depth: int) -> float | None:
     """Held-out top-1 gained over the last quarter of the curve (per 1,000 steps), at `depth` (1-based)."""
     tail = curve[-max(2, len(curve) // 4):]
@@ -36,16 +50,18 @@ def trend(curve: list[dict], depth: int) -> float | None:
     return 1000 * (tail[-1]["top1_at_depth"][depth - 1] - tail[0]["top1_at_depth"][depth - 1]) / steps
 
 
-def markdown(curve: list[dict], state: dict, ckpt: Path) -> str:
+def markdown(curve: list[dict], state: dict, ckpts: list[Path]) -> str:
     depths = min(DEPTHS, len(curve[0]["top1_at_depth"]))
-    lines = [f"Learning curve of `{ckpt}` (batch {state['batch_size']} x {state['seq_len']}, unroll {state['unroll']}; "
-             f"held-out answer positions per point: {curve[-1]['heldout_positions']:,}), written by "
-             "`recipes/smollm2/curves.py`:", "",
-             "| step | positions seen | " + " | ".join(f"top-1 depth {d}" for d in range(1, depths + 1)) + " |",
-             "|---|---|" + "---|" * depths]
+    stages = "; ".join(f"stage {i}: `{c}`" for i, c in enumerate(ckpts, start=1))
+    lines = [f"Learning curve of {stages} (batch {state['batch_size']} x {state['seq_len']}, unroll {state['unroll']}), "
+             "written by `recipes/smollm2/curves.py`:", "",
+             "| stage | step | positions seen | held-out positions | "
+             + " | ".join(f"top-1 depth {d}" for d in range(1, depths + 1)) + " |",
+             "|---|---|---|---|" + "---|" * depths]
     for point in curve:
         cells = " | ".join(f"{v:.3f}" for v in point["top1_at_depth"][:depths])
-        lines.append(f"| {point['step']:,} | {point['positions_seen']:,} | {cells} |")
+        lines.append(f"| {point.get('stage', 1)} | {point['step']:,} | {point['positions_seen']:,} | "
+                     f"{point['heldout_positions']:,} | {cells} |")
     gains = [trend(curve, d) for d in range(1, depths + 1)]
     if all(g is not None for g in gains):
         lines += ["", "Gain over the last quarter of the run, per 1,000 steps: "
@@ -63,6 +79,9 @@ def plot(curve: list[dict], path: Path) -> None:
     for depth in range(min(DEPTHS, len(curve[0]["top1_at_depth"]))):
         ax.plot([p["positions_seen"] / 1e6 for p in curve], [p["top1_at_depth"][depth] for p in curve],
                 marker="o", label=f"depth {depth + 1}")
+    for point, before in zip(curve[1:], curve[:-1]):
+        if point.get("stage", 1) != before.get("stage", 1):  # a new stage (e.g. more data) starts here
+            ax.axvline(before["positions_seen"] / 1e6, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("training positions seen (millions)")
     ax.set_ylabel("held-out top-1 agreement")
     ax.grid(alpha=0.3)
@@ -74,14 +93,16 @@ def plot(curve: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ckpt", type=Path, required=True)
+    parser.add_argument("--ckpt", type=Path, nargs="+", required=True, help="checkpoints, one per stage, in order")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--doc", type=Path, default=HERE / "training.md", help="markdown file for the generated block")
     args = parser.parse_args()
-    curve, state = load_curve(args.ckpt)
+    stages = [load_curve(ckpt) for ckpt in args.ckpt]
+    curve, state = chain(stages), stages[-1][1]
     args.out.mkdir(parents=True, exist_ok=True)
-    keep = {k: state[k] for k in ("step", "batch_size", "seq_len", "unroll", "positions_seen") if k in state}
-    (args.out / "curve.json").write_text(json.dumps({"state": keep, "curve": curve}, indent=1) + "\n")
+    keys = ("step", "batch_size", "seq_len", "unroll", "positions_seen", "lr")
+    kept = [{"ckpt": str(c)} | {k: st[k] for k in keys if k in st} for c, (_, st) in zip(args.ckpt, stages)]
+    (args.out / "curve.json").write_text(json.dumps({"stages": kept, "curve": curve}, indent=1) + "\n")
     text = markdown(curve, state, args.ckpt)
     (args.out / "curve.md").write_text(text + "\n")
     plot(curve, args.out / "curve.png")

@@ -61,6 +61,7 @@ def markdown(rows: list[dict], best: str | None, meta: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", type=Path, required=True)
+    parser.add_argument("--target", default="smollm2", help="the drafter's target: 'smollm2', 'gemma3' or a Hub dir")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--prompts", type=Path, default=ROOT / "data/tuning_prompts.jsonl")
     parser.add_argument("--max-new-tokens", type=int, default=96)
@@ -72,7 +73,7 @@ def main() -> None:
     if "tuning" not in args.prompts.name:
         raise SystemExit(f"{args.prompts} is not a tuning set: the default tree must not be chosen on evaluation prompts")
     prompts = load_bench_prompts(args.prompts)
-    target, tokenizer = load_target("smollm2")
+    target, tokenizer = load_target(args.target)
     drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target).eval()
     methods = [method_name(*c) for c in CANDIDATES]
     args.out.mkdir(parents=True, exist_ok=True)
