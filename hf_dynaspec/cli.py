@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -35,7 +36,7 @@ from .targets import encode_prompt, load_target
 from .training import frequent_tokens, load_prompts, train_drafter
 from .training.corpus import write_answers
 from .training.features import write_features
-from .training.trainer import LossWeights
+from .training.trainer import HELDOUT_EVAL_NAME, LossWeights
 
 SHIPPED_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-instruct"
 DEMO_PROMPTS = (
@@ -467,7 +468,6 @@ def cmd_features(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-
     if args.threads:
         torch.set_num_threads(args.threads)
     target, _ = target_from_args(args)
@@ -478,11 +478,16 @@ def cmd_train(args: argparse.Namespace) -> int:
                            weights=LossWeights(*args.loss_weights) if args.loss_weights else None,
                            head_positions=args.head_positions, router_only=args.router_only)
     ev = result["eval"]
+    settings = {"drafter": str(args.drafter), "data": [str(d) for d in args.data], "steps": args.steps, "lr": args.lr,
+                "unroll": args.unroll, "loss_weights": args.loss_weights, "head_positions": args.head_positions}
+    (Path(args.ckpt_dir) / HELDOUT_EVAL_NAME).write_text(json.dumps(
+        {"step": result["step"], "tokens_per_s": result["tokens_per_s"], "settings": settings, "eval": ev},
+        indent=1, default=str) + "\n")
     recall = ", ".join(f"k={k}: {v:.2f}" for k, v in ev["router_recall"].items())
     depths = " / ".join(f"{v:.3f}" for v in ev["top1_at_depth"])
     print(f"trained to step {result['step']} ({result['tokens_per_s']:.0f} tokens/s); drafter saved in "
           f"{args.ckpt_dir}. Held-out top-1 {ev['top1']:.3f} over {ev['positions']} positions (at draft depth "
-          f"1..{len(ev['top1_at_depth'])}: {depths}); router recall {recall}")
+          f"1..{len(ev['top1_at_depth'])}: {depths}); router recall {recall}; in {HELDOUT_EVAL_NAME}")
     return 0
 
 

@@ -193,6 +193,8 @@ def test_cli_distill_and_train(tmp_path, capsys):
                  "--unroll", "2"]) == 0
     out = capsys.readouterr().out
     assert "trained to step 3" in out and "at draft depth 1..3" in out
+    saved = json.loads((ckpt / "heldout_eval.json").read_text())
+    assert saved["step"] == 3 and len(saved["eval"]["top1_at_depth"]) == 3 and saved["settings"]["unroll"] == 2
     assert main(["distill", "--target", "tiny", "--prompts", str(tmp_path / "spec_bench.jsonl"),
                  "--out", str(data)]) == 1
     assert "Spec-Bench" in capsys.readouterr().err

@@ -39,7 +39,9 @@ from ..masks import additive_mask
 from .data import Conversation, as_folders, load_dataset
 
 STATE_NAME = "trainer_state.json"
+HELDOUT_EVAL_NAME = "heldout_eval.json"  # `hf-dynaspec train` writes the final held-out evaluation here
 OPTIMIZER_NAME = "optimizer.safetensors"
+HELDOUT_FRACTION = 0.05  # of each data folder's conversations, never trained on
 
 
 @dataclass
@@ -295,7 +297,7 @@ def train_drafter(
     seq_len: int,
     ckpt_dir: str | os.PathLike,
     resume: bool = True,
-    heldout_fraction: float = 0.05,
+    heldout_fraction: float = HELDOUT_FRACTION,
     *,
     unroll: int = 1,
     unroll_decay: float = 0.8,
