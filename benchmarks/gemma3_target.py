@@ -150,6 +150,13 @@ def markdown(results: dict) -> str:
         f"| drafter layer, 1 position | {c['drafter_layer_ms']:.2f} |",
         *(f"| drafter head: {k} ({v['tokens']:,.0f} tokens) | {v['ms']:.2f} |" for k, v in c["drafter_head"].items()),
     ]
+    if "walk_head" in c:  # the target's own head as verification applies it (`calibration.measure_walk_head`)
+        walk = c["walk_head"]
+        rows = range(1, len(next(iter(walk["ms"].values()))) + 1)
+        lines += ["", f"Target LM head on the verification walk, ms per call of r rows (chosen here: "
+                  f"{walk['layout']} layout, {walk['rows']} rows at once):", "",
+                  "| layout | " + " | ".join(f"r = {r}" for r in rows) + " |", "|---|" + "---|" * len(rows),
+                  *(f"| {layout} | " + " | ".join(f"{v:.1f}" for v in ms) + " |" for layout, ms in walk["ms"].items())]
     return "\n".join(lines)
 
 
