@@ -1,17 +1,19 @@
 """Spec-Bench style evaluation: every method on the same prompts, greedy, batch 1, in one process.
 
-For each prompt (chat template applied) and each method it records wall time, new tokens, and for the
+For each prompt (chat template applied, or a base model's `--prompt-format`) and each method it records wall time, new tokens, and for the
 speculative methods the mean accepted length, mean shortlist size and recall, draft / verify time, and whether
 the output equals plain greedy (any mismatch is reported loudly). Results aggregate per category and overall:
 tokens/s, speedup over plain generate (ratio of summed times) and over the full-vocabulary / static-shortlist
 drafters, mean accepted length (tokens per target step), acceptance recovery vs the full-vocabulary head.
-Records are appended to `records.jsonl` as they come: a stopped run resumes where it stopped (`resume=True`).
+Records are appended to `records.jsonl` as they come: a stopped run resumes where it stopped, and only with the
+same models and settings (`run.json` beside the records).
 
     hf-dynaspec bench --target tiny --drafter /tmp/tiny-drafter --limit 2 --max-new-tokens 16
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -29,7 +31,7 @@ from tqdm.auto import tqdm
 from .evaluation import load as load_evaluation
 from .generation.config import DynaSpecGenerationConfig
 from .generation.stats import SpeculativeStats
-from .targets import encode_prompt
+from .targets import encode_formatted
 
 # transformers' own speculative options that need no extra model: plain generate() keyword arguments
 HF_METHODS = {
@@ -175,25 +177,61 @@ def run_method(target, drafter, method: str, input_ids: torch.Tensor, max_new_to
     return out.sequences, time.perf_counter() - start, out.speculative_stats
 
 
+RUN_NAME = "run.json"  # beside records.jsonl: what its records were measured with
+
+
+def run_identity(target, drafter, max_new_tokens: int, prompt_format: str) -> dict:
+    """What every record of one results folder shares: the target (name, dtype), the drafter (a digest of its
+    weights), the token budget and the prompt format. (The drafter's default tree may change between resumes:
+    `tune_tree.py --write` stores one after measuring with explicit trees.)"""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(drafter.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return {"target": target.config._name_or_path, "target_dtype": str(target.dtype),
+            "drafter_weights_sha256": digest.hexdigest()[:16],
+            "max_new_tokens": max_new_tokens, "prompt_format": prompt_format}
+
+
+def check_resumable(records_path: Path, identity: dict) -> None:
+    """Refuse to add records to a folder measured with other models or settings (its `RUN_NAME`); a folder
+    without one takes this run's."""
+    run_path = records_path.with_name(RUN_NAME)
+    if run_path.is_file():
+        before = json.loads(run_path.read_text())
+        changed = {k: (before.get(k), v) for k, v in identity.items() if before.get(k) != v}
+        if changed and records_path.is_file():
+            detail = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
+            raise ValueError(
+                f"{records_path} holds records measured otherwise ({detail}): resuming would mix them. Write to "
+                "another --out, or --restart to measure anew."
+            )
+    run_path.parent.mkdir(parents=True, exist_ok=True)
+    run_path.write_text(json.dumps(identity, indent=1) + "\n")
+
+
 def run_bench(
     target, tokenizer, drafter, prompts: list[dict], methods: Iterable[str], max_new_tokens: int,
-    warmup: int = 1, records_path: str | Path | None = None, repeats: int = 1,
+    warmup: int = 1, records_path: str | Path | None = None, repeats: int = 1, prompt_format: str = "chat",
 ) -> list[Record]:
-    """Every method on every prompt, timed `repeats` times (the median counts). With `records_path` (JSONL),
-    records are appended as they come and the prompts already there (all methods done) are skipped: a stopped
-    run resumes."""
+    """Every method on every prompt, timed `repeats` times (the median counts), each prompt encoded in
+    `prompt_format` (`targets.PROMPT_FORMATS`: "chat" for instruction models, "qa" / "plain" for base models).
+    With `records_path` (JSONL), records are appended as they come and the prompts already there (all methods
+    done) are skipped: a stopped run resumes."""
     methods = list(methods)
     for method in methods:
         method_settings(method)  # fail fast on a bad name
     if "plain" not in methods:
         methods.insert(0, "plain")
+    if records_path is not None:
+        check_resumable(Path(records_path), run_identity(target, drafter, max_new_tokens, prompt_format))
     records, done = load_records(records_path, methods)
     todo = [row for row in prompts if row["question_id"] not in done]
     for row in todo[:warmup]:  # warm-up: first calls pay allocation and dispatch costs
         for method in methods:
-            run_method(target, drafter, method, encode_prompt(tokenizer, row["prompt"]), 8)
+            run_method(target, drafter, method, encode_formatted(tokenizer, row["prompt"], prompt_format), 8)
     for row in tqdm(todo, desc="bench", unit="prompt", initial=len(prompts) - len(todo), total=len(prompts)):
-        rows = bench_prompt(target, tokenizer, drafter, row, methods, max_new_tokens, repeats)
+        rows = bench_prompt(target, tokenizer, drafter, row, methods, max_new_tokens, repeats, prompt_format)
         records += rows
         if records_path is not None:
             with open(records_path, "a") as file:
@@ -214,11 +252,12 @@ def load_records(path: str | Path | None, methods: list[str]) -> tuple[list[Reco
 
 
 def bench_prompt(
-    target, tokenizer, drafter, row: dict, methods: list[str], max_new_tokens: int, repeats: int = 1
+    target, tokenizer, drafter, row: dict, methods: list[str], max_new_tokens: int, repeats: int = 1,
+    prompt_format: str = "chat",
 ) -> list[Record]:
     """One prompt through every method ("plain" first), each output checked against plain greedy; the
     median of `repeats` timings counts (outputs and stats of greedy runs are the same every time)."""
-    input_ids = encode_prompt(tokenizer, row["prompt"])
+    input_ids = encode_formatted(tokenizer, row["prompt"], prompt_format)
     plain, out = None, []
     for method in methods:
         timings = [run_method(target, drafter, method, input_ids, max_new_tokens) for _ in range(max(1, repeats))]

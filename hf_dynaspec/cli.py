@@ -32,7 +32,7 @@ from .cpu import is_prepared_for_cpu, prepare_for_cpu
 from .generation.config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecGenerationConfig
 from .interchange import FORMATS, export_eagle3, load_eagle3, shortlist_counts_on_data
 from .modeling import DynaSpecDrafter
-from .targets import encode_prompt, load_target
+from .targets import PROMPT_FORMATS, encode_prompt, load_target
 from .training import frequent_tokens, load_prompts, train_drafter
 from .training.corpus import write_answers
 from .training.features import write_features
@@ -124,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench_results", help="folder for results.json and results.md")
     bench.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     bench.add_argument("--repeats", type=int, default=1, help="time each run this many times, keep the median")
+    bench.add_argument("--prompt-format", default="chat", choices=list(PROMPT_FORMATS),
+                       help="chat: the tokenizer's chat template; qa: 'Question: ...\\nAnswer:' (base models); plain")
     bench.add_argument("--restart", action="store_true",
                        help="discard OUT/records.jsonl (by default a stopped run resumes from it)")
     bench.add_argument("--summarize-only", action="store_true",
@@ -365,9 +367,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.restart and records_path.exists():
         records_path.unlink()
     records = bench.run_bench(target, tokenizer, drafter, prompts, bench.parse_methods(args.methods),
-                              args.max_new_tokens, records_path=records_path, repeats=args.repeats)
+                              args.max_new_tokens, records_path=records_path, repeats=args.repeats,
+                              prompt_format=args.prompt_format)
     meta = {"target": args.target, "drafter": args.drafter, "max_new_tokens": args.max_new_tokens,
             "threads": torch.get_num_threads(), "prompts": len(prompts), "repeats": args.repeats,
+            "prompt_format": args.prompt_format,
             "cpu_weight_layout": "re-laid (prepare_for_cpu)" if is_prepared_for_cpu(target) else "as loaded",
             "machine": bench.machine_description()}
     summaries = bench.write_results(records, args.out, meta)

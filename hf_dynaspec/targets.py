@@ -105,6 +105,19 @@ def load_gemma3_gguf(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedMode
     return model, AutoTokenizer.from_pretrained(copy)
 
 
+# How a user prompt becomes model input: "chat" through the tokenizer's chat template (instruction models), "plain"
+# as it is, "qa" in the simple instruction format a base model continues (Gemma 3 270M's corpus and evaluation)
+PROMPT_FORMATS = {"chat": "{prompt}", "plain": "{prompt}", "qa": "Question: {prompt}\nAnswer:"}
+
+
+def encode_formatted(tokenizer: PreTrainedTokenizerBase, prompt: str, prompt_format: str = "chat") -> torch.Tensor:
+    """(1, L) ids of a user prompt in one of `PROMPT_FORMATS`."""
+    if prompt_format not in PROMPT_FORMATS:
+        raise ValueError(f"prompt_format must be one of {list(PROMPT_FORMATS)}, got {prompt_format!r}.")
+    text = PROMPT_FORMATS[prompt_format].format(prompt=prompt)
+    return encode_prompt(tokenizer, text, chat_template=prompt_format == "chat")
+
+
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat_template: bool = True) -> torch.Tensor:
     """(1, L) ids of a user prompt, through the tokenizer's chat template when it has one."""
     if chat_template and getattr(tokenizer, "chat_template", None):

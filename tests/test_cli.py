@@ -67,6 +67,18 @@ def test_bench_on_a_tiny_target(tmp_path, capsys):
     assert len(calls) == 2 * 13 - 1 and json.loads(lines[0])["question_id"] not in calls
     assert len(json.loads((out / "results.json").read_text())["records"]) == 5 * 2 * 13
 
+    # but never with other settings or another drafter: their records would mix with these
+    args = ["bench", "--target", "tiny", "--drafter", str(drafter), "--limit", "2", "--methods", "plain,dynaspec",
+            "--out", str(out)]
+    assert main([*args, "--max-new-tokens", "8", "--prompt-format", "qa"]) == 1
+    assert "prompt_format: 'chat' -> 'qa'" in capsys.readouterr().err
+    other = tmp_path / "other-drafter"
+    assert main(["init", "--target", "tiny", "--num-clusters", "8", "--seed", "1", "--out", str(other)]) == 0
+    assert main([*args[:4], str(other), *args[5:], "--max-new-tokens", "8"]) == 1
+    assert "drafter_weights_sha256" in capsys.readouterr().err
+    assert main([*args, "--max-new-tokens", "8", "--prompt-format", "qa", "--restart"]) == 0
+    assert json.loads((out / "run.json").read_text())["prompt_format"] == "qa"
+
 
 def test_method_variants_parse():
     from hf_dynaspec.bench import method_settings, parse_methods

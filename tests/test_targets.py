@@ -36,3 +36,14 @@ def test_real_gemma3_is_exact_past_its_window():
     with torch.no_grad():
         got = target.generate(ids, generation_config=config, assistant_model=drafter)
         assert torch.equal(got, target.generate(ids, do_sample=False, max_new_tokens=16))
+
+
+def test_prompt_formats_encode_as_named():
+    from hf_dynaspec.targets import byte_level_tokenizer, encode_formatted
+
+    tokenizer = byte_level_tokenizer()
+    qa = encode_formatted(tokenizer, "Why is the sky blue?", "qa")
+    assert tokenizer.decode(qa[0], skip_special_tokens=True) == "Question: Why is the sky blue?\nAnswer:"
+    assert torch.equal(encode_formatted(tokenizer, "hi", "plain"), tokenizer("hi", return_tensors="pt").input_ids)
+    with pytest.raises(ValueError, match="prompt_format must be one of"):
+        encode_formatted(tokenizer, "hi", "markdown")

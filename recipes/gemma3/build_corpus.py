@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from hf_dynaspec.targets import load_target
+from hf_dynaspec.targets import PROMPT_FORMATS, load_target
 from hf_dynaspec.training.corpus import prompt_key, write_answers
 
 SHARED = Path("../shared/data")
@@ -58,7 +58,7 @@ def build_records(max_prompts: int, seed: int) -> list[dict]:
     rng.shuffle(pool)
     n_plain, n_format = int(0.45 * max_prompts), int(0.3 * max_prompts)
     plain = [{"prompt": r["prompt"], "source": f"plain-{r['source']}"} for r in pool[:n_plain]]
-    formatted = [{"prompt": f"Question: {r['prompt']}\nAnswer:", "source": f"qa-{r['source']}"}
+    formatted = [{"prompt": PROMPT_FORMATS["qa"].format(prompt=r["prompt"]), "source": f"qa-{r['source']}"}
                  for r in pool[n_plain : n_plain + n_format]]
     return plain + formatted + continuations(rng, max_prompts - n_plain - n_format)
 

@@ -66,6 +66,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=Path, default=ROOT / "data/tuning_prompts.jsonl")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt-format", default="chat", help="how prompts are encoded (targets.PROMPT_FORMATS)")
     parser.add_argument("--write", action="store_true", help="store the chosen tree in the drafter's generation config")
     parser.add_argument("--doc", type=Path, default=HERE / "training.md", help="markdown file for the generated table")
     args = parser.parse_args()
@@ -78,11 +79,11 @@ def main() -> None:
     methods = [method_name(*c) for c in CANDIDATES]
     args.out.mkdir(parents=True, exist_ok=True)
     records = run_bench(target, tokenizer, drafter, prompts, methods, args.max_new_tokens,
-                        records_path=args.out / "records.jsonl")
+                        records_path=args.out / "records.jsonl", prompt_format=args.prompt_format)
     best, rows = choose(summarize(records), methods)
     meta = {"prompts": len(prompts), "prompt_file": args.prompts.relative_to(ROOT).as_posix()
             if args.prompts.is_relative_to(ROOT) else str(args.prompts), "max_new_tokens": args.max_new_tokens,
-            "machine": machine_description(), "drafter": str(args.drafter), "chosen": best}
+            "prompt_format": args.prompt_format, "machine": machine_description(), "drafter": str(args.drafter), "chosen": best}
     (args.out / "tune.json").write_text(json.dumps({"meta": meta, "candidates": rows}, indent=1) + "\n")
     (args.out / "tune.md").write_text(markdown(rows, best, meta))
     write_doc_block(args.doc, "tree-tuning", markdown(rows, best, meta).rstrip())
