@@ -35,12 +35,13 @@ stage corpus python recipes/smollm2/build_corpus.py --out "$CORPUS" --per-domain
     --out "$RUN/features" --threads 2
 
 # 3. drafter: EAGLE-3 layer started from the target's last layer, clusters of the LM head, training with
-#    $UNROLL unrolled draft steps (training-time test), bf16 autocast, a learning curve every 250 steps
+#    $UNROLL unrolled draft steps (training-time test), bf16 autocast, a learning curve every 250 steps; loss: CE to
+#    the target's next-token distribution + 0.2 x router BCE, no feature regression (measured: training.md)
 [ -f "$RUN/init/config.json" ] || stage init hf-dynaspec init --target smollm2 --architecture eagle3 \
     --num-clusters 64 --k0 8 --k1 4 --copy-last-layer --out "$RUN/init"
 stage train hf-dynaspec train --target smollm2 --drafter "$RUN/init" --data "$RUN/features" --ckpt-dir "$RUN/ckpt" \
     --steps "$STEPS" --lr 5e-4 --batch-size 8 --seq-len 256 --unroll "$UNROLL" --head-positions 128 --bf16 \
-    --eval-every 250 --threads 2
+    --eval-every 250 --loss-weights 0 1 0.2 --threads 2
 
 # 4. the learning curve (training.md), the default tree chosen on the tuning prompts (never on Spec-Bench), and
 #    the static-shortlist baseline (about the mean dynamic shortlist's size)
