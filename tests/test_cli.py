@@ -100,7 +100,7 @@ def test_bench_keeps_the_median_of_repeats(monkeypatch):
 
     times = iter([3.0, 1.0, 2.0, 5.0, 4.0, 9.0])
     seq = torch.ones(1, 6, dtype=torch.long)
-    monkeypatch.setattr(bench, "encode_prompt", lambda tokenizer, prompt: seq[:, :2])
+    monkeypatch.setattr(bench, "encode_formatted", lambda tokenizer, prompt, prompt_format: seq[:, :2])
     monkeypatch.setattr(bench, "run_method", lambda *args: (seq, next(times), None))
     row = {"question_id": "q", "category": "c", "prompt": "p"}
     plain, lookup = bench.bench_prompt(None, None, None, row, ["plain", "prompt-lookup"], 4, repeats=3)
