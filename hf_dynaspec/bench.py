@@ -462,6 +462,7 @@ def rewrite_results(out_dir: str | Path) -> list[Summary]:
     out = Path(out_dir)
     records = [Record(**json.loads(line)) for line in (out / "records.jsonl").read_text().splitlines() if line.strip()]
     meta = json.loads((out / "results.json").read_text())["meta"] if (out / "results.json").is_file() else {}
+    meta["prompts"] = len({r.question_id for r in records})  # the records are the truth (a run may have grown)
     summaries = write_results(records, out, meta)
     plot_results(summaries, out)
     return summaries

@@ -154,3 +154,18 @@ def test_target_flags_set_device_and_dtype():
                                       "--out", "unused"])
     target, _ = target_from_args(args)
     assert target.dtype == torch.bfloat16 and target.device.type == "cpu"
+
+
+def test_rewritten_results_count_the_prompts_their_records_hold(tmp_path):
+    import json
+    from dataclasses import asdict
+
+    from hf_dynaspec.bench import Record, rewrite_results
+
+    records = [Record(method, "coding", qid, 1.0, 8) for qid in ("q1", "q2") for method in ("plain", "prompt-lookup")]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in records))
+    (tmp_path / "results.json").write_text(json.dumps({"meta": {"prompts": 1, "max_new_tokens": 8}}))
+    rewrite_results(tmp_path)  # e.g. a run resumed with a larger --limit, summarised before it ended
+    meta = json.loads((tmp_path / "results.json").read_text())["meta"]
+    assert meta == {"prompts": 2, "max_new_tokens": 8}
+    assert "- prompts: 2" in (tmp_path / "results.md").read_text()
