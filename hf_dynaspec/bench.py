@@ -1,7 +1,7 @@
 """Spec-Bench style evaluation: every method on the same prompts, greedy, batch 1, in one process.
 
-For each prompt (chat template applied, or a base model's `--prompt-format`) and each method it records wall time, new tokens, and for the
-speculative methods the mean accepted length, mean shortlist size and recall, draft / verify time, and whether
+For each prompt (chat template applied, or a base model's `--prompt-format`) and each method it records wall
+time, new tokens, and for the speculative methods the mean accepted length, mean shortlist size and recall, draft / verify time, and whether
 the output equals plain greedy (any mismatch is reported loudly). Results aggregate per category and overall:
 tokens/s, speedup over plain generate (ratio of summed times) and over the full-vocabulary / static-shortlist
 drafters, mean accepted length (tokens per target step), acceptance recovery vs the full-vocabulary head.

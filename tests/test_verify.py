@@ -10,7 +10,6 @@ from transformers import DynamicCache, Gemma2Config, Gemma2ForCausalLM
 from hf_dynaspec import DynaSpecGenerationConfig
 from hf_dynaspec.generation import decoding, verify
 from hf_dynaspec.generation.tree import DraftTree, compact
-from hf_dynaspec.generation.verify import head_reproduces_logits
 from hf_dynaspec.generation.walk_head import WalkHead, choose_walk_head, walk_cost
 
 
@@ -21,7 +20,7 @@ def final_hidden_and_logits(model, ids):
 
 
 def test_plain_head_reproduces_logits(target):
-    assert head_reproduces_logits(target, *final_hidden_and_logits(target, prompt(5)))
+    assert WalkHead.of(target).reproduces(*final_hidden_and_logits(target, prompt(5)))
 
 
 def tiny_gemma2(softcap: float | None = 0.5):
@@ -33,14 +32,14 @@ def tiny_gemma2(softcap: float | None = 0.5):
 
 def test_soft_capped_logits_are_reproduced_with_the_cap():
     model = tiny_gemma2()
-    assert head_reproduces_logits(model, *final_hidden_and_logits(model, prompt(5, vocab_size=64)))
+    assert WalkHead.of(model).reproduces(*final_hidden_and_logits(model, prompt(5, vocab_size=64)))
 
 
 def test_unknown_logit_post_processing_is_detected():
     model = tiny_gemma2()
     hidden, logits = final_hidden_and_logits(model, prompt(5, vocab_size=64))
     model.config.final_logit_softcapping = None  # the logits above were capped: now an unknown transform
-    assert not head_reproduces_logits(model, hidden, logits * 0 + logits.max())
+    assert not WalkHead.of(model).reproduces(hidden, logits * 0 + logits.max())
 
 
 @pytest.mark.parametrize("walk_logits,layout", [(True, "rows"), (True, "columns"), (False, "rows")])
@@ -52,7 +51,7 @@ def test_both_logit_paths_are_exact(target, drafter, walk_logits, layout, monkey
         on_demand.append(node not in self.rows)
         return original(self, node)
 
-    monkeypatch.setattr(decoding, "head_reproduces_logits", lambda *args: walk_logits)
+    monkeypatch.setattr(WalkHead, "reproduces", lambda *args: walk_logits)
     # rows past the second: on demand
     monkeypatch.setattr(decoding, "measure_walk_head", lambda target: WalkHead.of(target, 2, layout))
     monkeypatch.setattr(verify.NodeLogits, "row", counting_row)

@@ -51,15 +51,14 @@ def measure_walk_head(target: torch.nn.Module, max_rows: int = MAX_WALK_ROWS, re
     if key not in memo:
         memo.clear()  # an older key may hold a stale copy of the weights
         hidden = torch.randn(max_rows, weight.shape[1], device=target.device, dtype=weight.dtype)
+        heads = {layout: WalkHead.of(target, layout=layout) for layout in LAYOUTS}
         seconds = {}
-        for layout in LAYOUTS:
-            head = WalkHead.of(target, layout=layout)
+        for layout, head in heads.items():
             head(hidden)  # warm-up
             seconds[layout] = tuple(_median_seconds(lambda r=r, h=head: h(hidden[:r]), repeats, target.device)
                                     for r in range(1, max_rows + 1))
-            del head  # drop the "columns" copy until it is chosen
         layout, rows = choose_walk_head(seconds, walk, columns_margin)
-        memo[key] = dataclasses.replace(WalkHead.of(target, rows, layout), seconds=seconds)
+        memo[key] = dataclasses.replace(heads[layout], rows=rows, seconds=seconds)  # the other layout's copy goes
     return memo[key]
 
 

@@ -30,7 +30,6 @@ from .config import resolve_draft_settings
 from .gate import DraftGate
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
 from .verify import (
-    head_reproduces_logits,
     hidden_state_request,
     keep_accepted,
     select_hidden_states,
@@ -138,12 +137,12 @@ def prefill(target: torch.nn.Module, run: _Run, feature_layers: list[int]) -> tu
         out = target(input_ids=prompt, cache=run.cache, use_cache=True, output_hidden_states=keep, **last_only)
         raw = out.logits[:, -1].float()  # (1, V)
         # On CPU the LM head's cost grows with its rows: apply it only along the walk when that is exact, in the
-        # layout and with the rows at once that are cheapest here (measured once per target)
+        # layout and with the rows at once that are cheapest here (measured once per target); a target whose
+        # logits the head does not reproduce (unknown post-processing) verifies with full logits
+        walk_path = bool(last_only) and target.device.type == "cpu" and target.get_output_embeddings() is not None
+        walk_head = measure_walk_head(target) if walk_path else None
         hidden = out.hidden_states[-1][0, -1:]  # (1, d)
-        walk_path = bool(last_only) and target.device.type == "cpu" and head_reproduces_logits(target, hidden, raw)
-        run.walk_head = measure_walk_head(target) if walk_path else None
-        if run.walk_head is not None and run.walk_head.layout == "columns" and not run.walk_head.reproduces(hidden, raw):
-            run.walk_head = None  # the transposed product strays from the model's logits: verify all rows
+        run.walk_head = walk_head if walk_head is not None and walk_head.reproduces(hidden, raw) else None
         scores = run.logits_processor(run.full_ids(), raw.clone()) if len(run.logits_processor) else raw
         token = choose_token(scores[0], run.generation_config.do_sample)
         run.emit([token], [scores], [raw])

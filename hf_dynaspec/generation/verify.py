@@ -73,13 +73,6 @@ class NodeLogits:
         return self.rows[node]
 
 
-def head_reproduces_logits(target: torch.nn.Module, hidden: torch.Tensor, logits: torch.Tensor) -> bool:
-    """Does the target's output embedding applied to its final hidden states (1, d), then its known logit
-    transform (scaling, soft-capping), give its logits (1, V)? False for models that post-process logits in
-    other ways: those verify with full logits."""
-    return target.get_output_embeddings() is not None and WalkHead.of(target).reproduces(hidden, logits)
-
-
 def likely_walk(tree: VerifyTree, length: int) -> list[int]:
     """The root and the chain of first children below it (each node's best-scored child), `length` at most."""
     path = [0]
