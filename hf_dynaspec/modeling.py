@@ -190,6 +190,10 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
                 f"The EAGLE-3 layer cannot start from a {type(source).__name__} (other parameters): skip "
                 f"init_layer_from_target (--copy-last-layer) for this target.\n{err}"
             ) from err
+        check_same_function(
+            {"hidden_norm": (layer.hidden_norm, source.input_layernorm), "mlp": (layer.mlp, source.mlp)},
+            type(source).__name__, layer.hidden_norm.weight,
+        )
         return self
 
     def set_static_shortlist(self, token_ids: torch.Tensor, ranked: bool = False) -> None:
@@ -450,3 +454,18 @@ def _check_config_model_type(name_or_path: str | os.PathLike, hub_kwargs: dict[s
 AutoModel.register(DynaSpecConfig, DynaSpecDrafter, exist_ok=True)
 # as transformers loads a named assistant (pipelines: config.architectures, then AutoModelForCausalLM)
 AutoModelForCausalLM.register(DynaSpecConfig, DynaSpecDrafter, exist_ok=True)
+
+
+@torch.no_grad()
+def check_same_function(pairs: dict[str, tuple[nn.Module, nn.Module]], source_name: str, like: torch.Tensor) -> None:
+    """A copied module must compute what its source computes (same parameters are not enough: a Gemma RMSNorm
+    scales by 1 + weight where a Llama one scales by weight, Gemma's MLP is GELU where Llama's is SiLU)."""
+    x = torch.randn(4, like.shape[-1], generator=torch.Generator().manual_seed(0)).to(like)  # (4, d)
+    for name, (copy, source) in pairs.items():
+        if not torch.allclose(copy(x).float(), source(x).float(), rtol=1e-3, atol=1e-4):
+            raise ValueError(
+                f"The drafter's {name}, copied from a {source_name}, computes something else than its source "
+                f"(another norm or activation convention): skip init_layer_from_target (--copy-last-layer) for "
+                f"this target and train the layer from its fresh initialisation."
+            )
+

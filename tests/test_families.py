@@ -147,3 +147,13 @@ def test_checkpoints_saved_before_layer_family_keep_their_own_layer():
         mistral.pop(key)
     drafter = DynaSpecDrafter(DynaSpecConfig.from_dict(mistral))
     assert type(drafter.layer).__name__ == "MistralDecoderLayer"  # as such a checkpoint was trained
+
+
+def test_copying_a_layer_of_another_convention_is_refused():
+    """Gemma's RMSNorm scales by 1 + weight, Llama's (the drafter's) by weight: a copied norm would not compute
+    its source, so --copy-last-layer says to skip it rather than start the drafter from a broken layer."""
+    target = family_target("gemma3_text")
+    with pytest.raises(ValueError, match="skip init_layer_from_target"):
+        DynaSpecDrafter.from_target(target, num_clusters=8).init_layer_from_target(target)
+    llama = family_target("llama")
+    DynaSpecDrafter.from_target(llama, num_clusters=8).init_layer_from_target(llama)  # same convention: copied

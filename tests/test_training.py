@@ -16,7 +16,15 @@ from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.configuration import eagle3_layer_ids
 from hf_dynaspec.targets import load_target
 from hf_dynaspec.training import generate_dataset, load_dataset, load_prompts, train_drafter
-from hf_dynaspec.training.corpus import load_corpus, write_answers
+from hf_dynaspec.training.corpus import (
+    answer_batch,
+    answers_until_loop,
+    eos_token_ids,
+    load_corpus,
+    loop_end,
+    pad_token_id,
+    write_answers,
+)
 from hf_dynaspec.training.features import write_features
 from hf_dynaspec.training.trainer import load_checkpoint
 
@@ -357,3 +365,25 @@ def test_features_captured_while_answering_equal_a_recomputation(tiny, tmp_path)
     for a, b in zip(mine, theirs):
         torch.testing.assert_close(a.aux.float(), b.aux.float(), rtol=2e-3, atol=2e-3)
         torch.testing.assert_close(a.hidden.float(), b.hidden.float(), rtol=2e-3, atol=2e-3)
+
+
+def test_loop_end_cuts_after_the_first_recurring_span():
+    assert loop_end([1, 2, 3, 1, 2, 3, 1], 3) == 6 and loop_end([1, 2, 3, 1, 2], 2) == 5
+    assert loop_end([1, 2, 3, 4, 1, 2], 3) is None and loop_end([7, 7], 3) is None
+
+
+def test_answers_until_loop_are_the_greedy_answers_cut_at_their_loop(tiny, tmp_path):
+    """Segments of 5 tokens in batches of 2: unfinished answers are prefilled again beside new prompts, and each
+    answer is still the prompt's own greedy answer (computed alone, in one go), cut where it starts to loop."""
+    target, tokenizer = tiny
+    prompts = [tokenizer(p).input_ids for p in PROMPTS]
+    pad_id, eos_ids = pad_token_id(tokenizer, target), eos_token_ids(target)
+    got = answers_until_loop(target, prompts, 24, 2, pad_id, eos_ids, span=4, segment=5)
+    for ids, answer in zip(prompts, got):
+        whole = answer_batch(target, [ids], 24, pad_id, eos_ids)[0][0].tolist()
+        end = loop_end(whole, 4)
+        assert answer.tolist() == whole[: end or len(whole)]
+    assert any(loop_end(a.tolist(), 4) for a in got)  # the tiny target loops: the cut is exercised
+    assert any(a.numel() > 5 for a in got)  # and answers continue past their first segment
+    with pytest.raises(ValueError, match="capture_layers"):
+        write_answers(target, tokenizer, [{"prompt": "hi"}], tmp_path / "c", 6, 2, stop_repeats=4, capture_layers=[1])

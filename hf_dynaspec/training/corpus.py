@@ -221,6 +221,47 @@ def trim_at_eos(answer: torch.Tensor, eos_ids: set[int]) -> torch.Tensor:
     return answer[: stops[0] + 1] if stops else answer
 
 
+def loop_end(answer: list[int], span: int) -> int | None:
+    """Length of `answer` up to the end of the first `span`-token run it has already produced (a greedy loop:
+    what follows repeats it), or None when no span recurs."""
+    seen: set[tuple[int, ...]] = set()
+    for end in range(span, len(answer) + 1):
+        gram = tuple(answer[end - span : end])
+        if gram in seen:
+            return end
+        seen.add(gram)
+    return None
+
+
+def answers_until_loop(
+    model, prompts: list[list[int]], max_new_tokens: int, batch_size: int, pad_id: int, eos_ids: set[int],
+    span: int, segment: int, on_done: Callable[[int], Any] | None = None,
+) -> list[torch.Tensor]:
+    """Greedy answers that end at an end-of-sequence token, at `max_new_tokens`, or where they start repeating a
+    `span`-token run of themselves (`loop_end`: a base model's greedy loops; the rest would be copies). They are
+    generated `segment` tokens at a time: a finished answer leaves its batch and a waiting prompt (or an
+    unfinished answer, prefilled with what it has) takes its place, so no batch idles until its longest row
+    ends. Greedy continuation from a prefix is the same greedy answer."""
+    answers = [torch.empty(0, dtype=torch.long) for _ in prompts]
+    queue = list(range(len(prompts)))
+    while queue:
+        batch, queue = queue[:batch_size], queue[batch_size:]
+        contexts = [prompts[i] + answers[i].tolist() for i in batch]
+        steps = min(segment, max_new_tokens - min(answers[i].numel() for i in batch))
+        new, _ = answer_batch(model, contexts, steps, pad_id, eos_ids)
+        for i, piece in zip(batch, new):
+            answer = torch.cat([answers[i], piece])[:max_new_tokens]  # (S,)
+            end = loop_end(answer.tolist(), span)
+            answers[i] = answer[:end] if end is not None else answer
+            finished = end is not None or answer.numel() >= max_new_tokens or piece.numel() < steps \
+                or bool(piece.numel() and int(piece[-1]) in eos_ids)
+            if finished and on_done is not None:
+                on_done(1)
+            elif not finished:
+                queue.append(i)
+    return answers
+
+
 def float16_rows(hidden: torch.Tensor, aux: torch.Tensor, spans: list[slice]) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per conversation, its positions `spans[row]` of hidden (B, W, d) and aux (B, W, k * d), as float16 arrays
     (how `features.py` stores them); a value beyond the float16 range is refused rather than stored as inf."""
@@ -249,12 +290,17 @@ def write_answers(
     model, tokenizer, records: Sequence[dict[str, Any]], out_dir: str | os.PathLike, max_new_tokens: int,
     batch_size: int, per_shard: int = 512, max_prompt_tokens: int = 768, progress: bool = True,
     chat_template: bool = True, capture_layers: list[int] | None = None, on_shard: ShardCallback | None = None,
+    stop_repeats: int = 0, segment: int = 64,
 ) -> dict[str, Any]:
     """Answer every record's `prompt` not yet in `out_dir/index.json` and append compressed shards. Prompts run
     shortest first (little padding); `chat_template=False` encodes them as plain text (base models: the text
     is continued as it is). With `capture_layers`, the target's features are kept as it generates and handed,
     with the shard number and conversations, to `on_shard` before the shard is recorded (e.g.
-    `features.CapturedFeatures`: no second pass over the corpus). Returns the index."""
+    `features.CapturedFeatures`: no second pass over the corpus). `stop_repeats=n` ends an answer once it
+    repeats an n-token span of itself (`answers_until_loop`). Returns the index."""
+    if stop_repeats and capture_layers is not None:
+        raise ValueError("stop_repeats generates in segments and cannot capture features as it goes: leave "
+                         "capture_layers unset and recompute the features (`hf-dynaspec features`).")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     index = read_index(out) or {"version": CORPUS_VERSION, "shards": [], "done": []}
@@ -264,12 +310,19 @@ def write_answers(
     bar = tqdm(total=len(order), desc="answers", unit="prompt", disable=not progress)
     for lo in range(0, len(order), per_shard):
         keys, convs, rows, t0 = order[lo : lo + per_shard], [], [], time.perf_counter()
-        for start in range(0, len(keys), batch_size):
-            prompts = [todo[k][0] for k in keys[start : start + batch_size]]
-            answers, features = answer_batch(model, prompts, max_new_tokens, pad_id, eos_ids, capture_layers)
-            convs += [CorpusConversation(torch.cat([torch.tensor(ids), a]), len(ids)) for ids, a in zip(prompts, answers)]
-            rows += features or []
-            bar.update(len(prompts))
+        if stop_repeats:  # the whole shard in one queue: finished answers make room for waiting prompts
+            prompts = [todo[k][0] for k in keys]
+            answers = answers_until_loop(model, prompts, max_new_tokens, batch_size, pad_id, eos_ids, stop_repeats,
+                                         segment, on_done=bar.update)
+            convs = [CorpusConversation(torch.cat([torch.tensor(ids), a]), len(ids)) for ids, a in zip(prompts, answers)]
+        else:
+            for start in range(0, len(keys), batch_size):
+                prompts = [todo[k][0] for k in keys[start : start + batch_size]]
+                answers, features = answer_batch(model, prompts, max_new_tokens, pad_id, eos_ids, capture_layers)
+                convs += [CorpusConversation(torch.cat([torch.tensor(ids), a]), len(ids))
+                          for ids, a in zip(prompts, answers)]
+                rows += features or []
+                bar.update(len(prompts))
         seconds = time.perf_counter() - t0
         if on_shard is not None:
             on_shard(len(index["shards"]), convs, rows, seconds)
