@@ -30,6 +30,7 @@ from .router import select_clusters
 
 HEAD_MODES = ("dynamic", "full", "static", "context", "union")
 CONTEXT_MODES = ("context", "union")  # the modes that read the context's token ids
+STATIC_SIZED_MODES = ("static", "context")  # the modes that read the static shortlist (`static_size` sizes it)
 
 
 @dataclass(frozen=True)
@@ -138,13 +139,14 @@ class ShortlistHead:
             self._static_prefixes[size] = ids, self.weight.index_select(0, ids)
         return self._static_prefixes[size]
 
-    def context_columns(self, in_context: torch.Tensor, mode: str) -> ContextColumns:
+    def context_columns(self, in_context: torch.Tensor, mode: str, static_size: int | None = None) -> ContextColumns:
         """The step's extra columns from in_context (V,) bool (the tokens read so far): with the always-included
-        ids, and in "context" mode the static set as the frequent core (NanoSpec). One host read (nonzero)."""
+        ids, and in "context" mode the static set (its `static_size` most frequent tokens) as the frequent core
+        (NanoSpec). One host read (nonzero)."""
         mask = in_context.to(self.device).clone()  # (V,)
         mask[self.extra_ids] = True
         if mode == "context" and self.static_ids is not None:
-            mask[self.static_ids] = True
+            mask[self._static_prefix(static_size)[0]] = True
         ids = mask.nonzero().flatten()  # (C,)
         return ContextColumns(ids, self.weight.index_select(0, ids))
 

@@ -287,6 +287,22 @@ def head_of(drafter, out, mode, k, context_ids):
     return head.logits(out.hidden_states[0], mode, out.router_logits[0], k, context)
 
 
+def test_context_head_core_is_sized_by_static_size(eos_target):
+    """"context" with static_size=N reads the N most frequent stored tokens as its core (NanoSpec's small core
+    beside a 32k static shortlist stored for FR-Spec), and stays exact."""
+    drafter = tiny_drafter(eos_target)
+    drafter.set_static_shortlist(torch.tensor([30, 5, 17, 9]), ranked=True)
+    drafter.bind(eos_target)
+    in_context = torch.zeros(drafter.config.vocab_size, dtype=torch.bool)
+    in_context[torch.tensor([44])] = True
+    eos = sorted(drafter.bound_head.extra_ids.tolist())
+    assert drafter.bound_head.context_columns(in_context, "context", 2).token_ids.tolist() == sorted({5, 30, 44, *eos})
+    ids = prompt(8)
+    out = eos_target.generate(ids, assistant_model=drafter, head_mode="context", static_size=2, max_new_tokens=16,
+                              do_sample=False)
+    assert torch.equal(out, greedy(eos_target, ids, max_new_tokens=16))
+
+
 def test_context_head_scores_the_core_and_the_context_tokens(eos_target):
     core = torch.tensor([5, 9, 17])
     drafter = tiny_drafter(eos_target, static_token_ids=core)
@@ -346,3 +362,5 @@ def test_static_size_keeps_greedy_exact_and_is_validated(eos_target):
     assert out.speculative_stats.mean_shortlist_size <= 21  # 20 tokens and EOS
     with pytest.raises(ValueError, match="static_size=500"):
         eos_target.generate(ids, assistant_model=drafter, head_mode="static", static_size=500, max_new_tokens=4)
+    with pytest.raises(ValueError, match="does not read it"):  # never silently ignored
+        eos_target.generate(ids, assistant_model=drafter, head_mode="dynamic", static_size=20, max_new_tokens=4)

@@ -120,7 +120,8 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             crop_cache(self.cache, self.committed)
             if self.settings.head_mode in CONTEXT_MODES:
                 self.in_context[next_tokens.to(self.device)] = True
-                self.context = self.drafter.bound_head.context_columns(self.in_context, self.settings.head_mode)
+                self.context = self.drafter.bound_head.context_columns(self.in_context, self.settings.head_mode,
+                                                                       self.settings.static_size)
             length = next_tokens.numel()
             positions = torch.arange(self.committed, self.committed + length, device=target_features.device)
             out = self.drafter(

@@ -17,7 +17,7 @@ from typing import Any
 from transformers import GenerationConfig
 
 from ..configuration import DynaSpecConfig
-from ..head import HEAD_MODES
+from ..head import HEAD_MODES, STATIC_SIZED_MODES
 
 TREE_POLICIES = ("eagle2", "dyspec", "chain")
 SPEC_FIELDS = (
@@ -72,7 +72,8 @@ class DynaSpecGenerationConfig(GenerationConfig):
             (`generation.cost`): "off", "auto" (time the target's forwards once, on the first call), or the
             costs c(1), c(2), ... of a target forward over 1, 2, ... tokens, in decoding steps.
         static_size (`int`, *optional*): "static" head: use only the N most frequent tokens of the drafter's
-            frequency-ranked static shortlist (None: all of it), e.g. to compare shortlist sizes in one run.
+            frequency-ranked static shortlist (None: all of it), e.g. to compare shortlist sizes in one run;
+            "context" head: the size of its frequent core (NanoSpec keeps it under 3k tokens).
         draft_gate (`bool`): draft only where it pays: when drafted steps emit tokens more slowly than plain
             steps of the same call, decode plainly for a while (backing off exponentially) and try again
             (`generation.gate`); output is unchanged either way.
@@ -190,10 +191,16 @@ def check_speculative_fields(fields: dict[str, Any]) -> None:
                 )
 
 
-def check_static_size(static_size: int | None, drafter_config: DynaSpecConfig) -> None:
-    """`static_size` needs a frequency-ranked static shortlist at least that long in the drafter."""
+def check_static_size(static_size: int | None, head_mode: str, drafter_config: DynaSpecConfig) -> None:
+    """`static_size` sizes the static shortlist of the heads that read it, and needs a frequency-ranked static
+    shortlist at least that long in the drafter."""
     if static_size is None:
         return
+    if head_mode not in STATIC_SIZED_MODES:
+        raise ValueError(
+            f"static_size={static_size} sizes the static shortlist of head_mode 'static' or the frequent core of "
+            f"head_mode 'context'; head_mode={head_mode!r} does not read it: drop static_size or change head_mode."
+        )
     stored = drafter_config.static_shortlist_size
     if not drafter_config.static_shortlist_ranked or static_size > stored:
         raise ValueError(
@@ -248,7 +255,7 @@ def resolve_draft_settings(
             raise ValueError(
                 f"DynaSpecGenerationConfig.{name}={merged[name]} exceeds the drafter's {num_clusters} clusters."
             )
-    check_static_size(merged["static_size"], drafter_config)
+    check_static_size(merged["static_size"], merged["head_mode"], drafter_config)
     if isinstance(merged["verify_costs"], list):
         merged["verify_costs"] = tuple(float(c) for c in merged["verify_costs"])
     if merged["tree_policy"] == "chain":
