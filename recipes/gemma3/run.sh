@@ -19,14 +19,7 @@ LIMIT=${LIMIT-10}
 export OMP_NUM_THREADS=2
 mkdir -p "$RUN"
 
-stage() {  # stage NAME COMMAND...: run it, append {"stage", "seconds", "finished"} to $RUN/stages.jsonl
-    local name=$1 start
-    shift
-    start=$(date +%s)
-    "$@"
-    printf '{"stage": "%s", "seconds": %d, "finished": "%s"}\n' "$name" $(($(date +%s) - start)) \
-        "$(date -u +%FT%TZ)" >> "$RUN/stages.jsonl"
-}
+source recipes/stage.sh  # stage NAME COMMAND...: timed into $RUN/stages.jsonl
 
 # 1. prompts as a base model is used (plain questions, "Question: ...\nAnswer:", text to continue; no Spec-Bench
 #    prompt, not the code slice), answered greedily in bf16 batches, kept as token ids

@@ -42,7 +42,8 @@ def markdown(facts: dict) -> str:
     lines = [f"{facts['conversations']:,} conversations in {facts['shards']} shards: {facts['tokens']:,} tokens, "
              f"{facts['answer_tokens']:,} of them answer tokens, generated in {facts['generation_seconds'] / 3600:.1f} h "
              f"(answer tokens per second per shard: median {rate['median']:.0f}, {rate['min']:.0f}-{rate['max']:.0f}; "
-             "shards that shared the CPU with other work are the slow ones). Written by "
+             "prompts run shortest first, so later shards have longer prompts to prefill, and shards that shared "
+             "the CPU with other work are slower). Written by "
              "`recipes/smollm2/corpus_report.py`.", "", "| source | tokens | share |", "|---|---|---|"]
     for source, tokens in facts["tokens_per_source"].items():
         lines.append(f"| {source} | {tokens:,} | {tokens / facts['tokens']:.1%} |")

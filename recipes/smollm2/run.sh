@@ -13,14 +13,7 @@ LIMIT=${LIMIT-10}
 export OMP_NUM_THREADS=2
 mkdir -p "$RUN"
 
-stage() {  # stage NAME COMMAND...: run it, append {"stage", "seconds", "finished"} to $RUN/stages.jsonl
-    local name=$1 start
-    shift
-    start=$(date +%s)
-    "$@"
-    printf '{"stage": "%s", "seconds": %d, "finished": "%s"}\n' "$name" $(($(date +%s) - start)) \
-        "$(date -u +%FT%TZ)" >> "$RUN/stages.jsonl"
-}
+source recipes/stage.sh  # stage NAME COMMAND...: timed into $RUN/stages.jsonl
 
 # 1. prompts (two disjoint mixes, no Spec-Bench prompt), then Magpie questions over ten domains and greedy
 #    answers up to 256 tokens in bf16 batches, kept as token ids (800 questions per domain: over 3M tokens in all)
