@@ -34,7 +34,7 @@ from .interchange import FORMATS, export_eagle3, load_eagle3, shortlist_counts_o
 from .modeling import DynaSpecDrafter
 from .targets import PROMPT_FORMATS, encode_prompt, load_target
 from .training import frequent_tokens, load_prompts, train_drafter
-from .training.corpus import write_answers
+from .training.corpus import FEATURE_DTYPES, write_answers
 from .training.features import write_features
 from .training.trainer import HELDOUT_EVAL_NAME, LossWeights
 
@@ -191,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     feats.add_argument("--layers", type=int, nargs="+", default=None,
                        help="target hidden states to keep; default: the EAGLE-3 layers of this target")
     feats.add_argument("--max-tokens", type=int, default=8192, help="tokens per forward batch (padding included)")
+    feats.add_argument("--feature-dtype", choices=FEATURE_DTYPES, default="float16",
+                       help="storage (bfloat16 for targets whose hidden states exceed float16, e.g. Gemma 3)")
     feats.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     feats.set_defaults(func=cmd_features)
 
@@ -463,7 +465,7 @@ def cmd_features(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     target, _ = target_from_args(args)
     layers = args.layers or eagle3_layer_ids(target.config.get_text_config().num_hidden_layers)
-    index = write_features(target, args.corpus, args.out, layers, max_tokens=args.max_tokens)
+    index = write_features(target, args.corpus, args.out, layers, max_tokens=args.max_tokens, dtype=args.feature_dtype)
     tokens = sum(s["num_tokens"] for s in index["shards"])
     seconds = sum(s["seconds"] for s in index["shards"])
     print(f"{args.out}: features of hidden states {layers} for {tokens} tokens ({tokens / max(seconds, 1e-9):.0f} "

@@ -387,3 +387,28 @@ def test_answers_until_loop_are_the_greedy_answers_cut_at_their_loop(tiny, tmp_p
     assert any(a.numel() > 5 for a in got)  # and answers continue past their first segment
     with pytest.raises(ValueError, match="capture_layers"):
         write_answers(target, tokenizer, [{"prompt": "hi"}], tmp_path / "c", 6, 2, stop_repeats=4, capture_layers=[1])
+
+
+def test_bfloat16_features_hold_states_beyond_float16(tiny, tmp_path):
+    """Gemma's residual stream exceeds float16: float16 storage refuses it and says what to do, bfloat16 storage
+    keeps it (float32's range, bfloat16 rounding) and loads back as bfloat16 tensors."""
+    target, tokenizer = tiny
+    write_answers(target, tokenizer, [{"prompt": p} for p in PROMPTS[:2]], tmp_path / "c", 6, 2, progress=False)
+    big = type(target.model.norm)(target.config.hidden_size)  # a final norm whose output exceeds float16
+    with torch.no_grad():
+        big.weight.fill_(1e5)
+    original, target.model.norm = target.model.norm, big
+    try:
+        with pytest.raises(ValueError, match="--feature-dtype bfloat16"):
+            write_features(target, tmp_path / "c", tmp_path / "f16", [1], progress=False)
+        write_features(target, tmp_path / "c", tmp_path / "bf16", [1], progress=False, dtype="bfloat16")
+        convs = load_dataset(tmp_path / "bf16")
+        with torch.no_grad():
+            out = target(convs[0].input_ids[None, :-1], output_hidden_states=True)
+    finally:
+        target.model.norm = original
+    assert convs[0].hidden.dtype == torch.bfloat16 and convs[0].hidden.float().abs().max() > 7e4
+    torch.testing.assert_close(convs[0].hidden.float(), out.hidden_states[-1][0], rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(convs[0].aux.float(), out.hidden_states[1][0], rtol=1e-2, atol=1e-2)
+    with pytest.raises(ValueError, match="bfloat16 features"):
+        write_features(target, tmp_path / "c", tmp_path / "bf16", [1], progress=False)

@@ -212,7 +212,7 @@ def answer_batch(
     layers = {i: torch.cat([step[i] for step in out.hidden_states], dim=1) for i in capture["output_hidden_states"]}
     aux = torch.cat([layers[i] for i in capture_layers], dim=-1)  # (B, W + S - 1, k * d)
     spans = [slice(width - len(ids), width + a.numel() - 1) for ids, a in zip(prompt_ids, answers)]
-    return answers, float16_rows(layers[final], aux, spans)
+    return answers, feature_rows(layers[final], aux, spans)
 
 
 def trim_at_eos(answer: torch.Tensor, eos_ids: set[int]) -> torch.Tensor:
@@ -262,14 +262,33 @@ def answers_until_loop(
     return answers
 
 
-def float16_rows(hidden: torch.Tensor, aux: torch.Tensor, spans: list[slice]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per conversation, its positions `spans[row]` of hidden (B, W, d) and aux (B, W, k * d), as float16 arrays
-    (how `features.py` stores them); a value beyond the float16 range is refused rather than stored as inf."""
-    limit = torch.finfo(torch.float16).max
-    if bool(hidden.abs().max() > limit) or bool(aux.abs().max() > limit):
-        raise ValueError("A target hidden state exceeds the float16 range: store these features in float32.")
-    return [(hidden[row, span].half().cpu().numpy(), aux[row, span].half().cpu().numpy())
-            for row, span in enumerate(spans)]
+FEATURE_DTYPES = ("float16", "bfloat16")  # how features are stored: float16 unless a target's states exceed it
+
+
+def feature_rows(hidden: torch.Tensor, aux: torch.Tensor, spans: list[slice],
+                 dtype: str = "float16") -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per conversation, its positions `spans[row]` of hidden (B, W, d) and aux (B, W, k * d), as arrays in the
+    storage `dtype` of `features.py`: "float16", where a value beyond its range is refused rather than stored as
+    inf, or "bfloat16" (float32's range: Gemma's residual stream exceeds float16's), kept as its 16 bits (int16,
+    numpy has no bfloat16)."""
+    if dtype not in FEATURE_DTYPES:
+        raise ValueError(f"feature dtype must be one of {FEATURE_DTYPES}, got {dtype!r}.")
+    if dtype == "float16":
+        limit = torch.finfo(torch.float16).max
+        if bool(hidden.abs().max() > limit) or bool(aux.abs().max() > limit):
+            raise ValueError("A target hidden state exceeds the float16 range: store these features as bfloat16 "
+                             "(`hf-dynaspec features --feature-dtype bfloat16`).")
+
+    def stored(x: torch.Tensor) -> np.ndarray:
+        return x.half().cpu().numpy() if dtype == "float16" else x.to(torch.bfloat16).view(torch.int16).cpu().numpy()
+
+    return [(stored(hidden[row, span]), stored(aux[row, span])) for row, span in enumerate(spans)]
+
+
+def stored_features(array: np.ndarray, dtype: str) -> torch.Tensor:
+    """The tensor view of a stored feature array (`feature_rows`): float16 as it is, bfloat16 from its bits."""
+    tensor = torch.from_numpy(array)
+    return tensor.view(torch.bfloat16) if dtype == "bfloat16" else tensor
 
 
 def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,12 +4,13 @@ For each conversation of L tokens we keep, for its first L - 1 positions, the ta
 state (`hidden`, the loss's target: the target's distribution is head(hidden)) and the hidden states of the
 layers an EAGLE-3 drafter reads (`aux`, k layers concatenated). They are large (2 bytes x (k + 1) x d per
 token) and rebuilt from the committed ids on a fresh machine, so they live outside git, as float16 `.npy`
-files read through memory maps (the training process touches only the windows it samples):
+files (bfloat16 bits for targets whose states exceed float16, such as Gemma) read through memory maps
+(the training process touches only the windows it samples):
 
-    index.json                    {"format": "features", "layer_ids": [...], "hidden_size": d, "shards": [...]}
+    index.json                    {"format": "features", "layer_ids": [...], "hidden_size": d, "dtype", "shards"}
     features_00000.npz            input_ids (N,), offsets (n + 1,), prompt_lengths (n,)
-    features_00000.hidden.npy     (N - n, d) float16
-    features_00000.aux.npy        (N - n, k * d) float16
+    features_00000.hidden.npy     (N - n, d) float16 (or bfloat16 bits as int16: index "dtype")
+    features_00000.aux.npy        (N - n, k * d) likewise
 
     python -c "
     import torch; torch.set_num_threads(1); from hf_dynaspec.targets import load_target
@@ -32,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation.verify import select_hidden_states
-from .corpus import CorpusConversation, float16_rows, load_corpus
+from .corpus import FEATURE_DTYPES, CorpusConversation, feature_rows, load_corpus, stored_features
 
 FORMAT = "features"
 INDEX_NAME = "index.json"
@@ -40,10 +41,10 @@ INDEX_NAME = "index.json"
 
 @torch.no_grad()
 def forward_features(
-    target, convs: list[CorpusConversation], layer_ids: list[int]
+    target, convs: list[CorpusConversation], layer_ids: list[int], dtype: str = "float16"
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """One right-padded batch through the target: per conversation (hidden (L - 1, d), aux (L - 1, k * d)),
-    float16. Causal attention: padding on the right changes no real position."""
+    stored as `dtype`. Causal attention: padding on the right changes no real position."""
     device = target.get_output_embeddings().weight.device
     width = max(c.input_ids.numel() for c in convs)
     input_ids = torch.zeros(len(convs), width, dtype=torch.long)  # (B, W)
@@ -51,7 +52,7 @@ def forward_features(
         input_ids[row, : conv.input_ids.numel()] = conv.input_ids
     out = target.model(input_ids=input_ids.to(device), output_hidden_states=True, use_cache=False)
     aux = select_hidden_states(out.hidden_states, layer_ids)  # (B, W, k * d)
-    return float16_rows(out.hidden_states[-1], aux, [slice(0, c.input_ids.numel() - 1) for c in convs])
+    return feature_rows(out.hidden_states[-1], aux, [slice(0, c.input_ids.numel() - 1) for c in convs], dtype)
 
 
 def batches_by_tokens(convs: list[CorpusConversation], max_tokens: int) -> list[list[int]]:
@@ -69,18 +70,23 @@ def batches_by_tokens(convs: list[CorpusConversation], max_tokens: int) -> list[
 
 def write_features(
     target, corpus_dir: str | os.PathLike, out_dir: str | os.PathLike, layer_ids: list[int],
-    max_tokens: int = 8192, per_shard: int = 1024, progress: bool = True,
+    max_tokens: int = 8192, per_shard: int = 1024, progress: bool = True, dtype: str = "float16",
 ) -> dict[str, Any]:
-    """Features of every conversation of `corpus_dir` under `out_dir`, shard by shard (resumable: a rerun
-    continues after the last complete shard). Returns the index."""
+    """Features of every conversation of `corpus_dir` under `out_dir`, stored as `dtype` ("float16", or
+    "bfloat16" for targets whose hidden states exceed float16), shard by shard (resumable: a rerun continues
+    after the last complete shard). Returns the index."""
+    if dtype not in FEATURE_DTYPES:
+        raise ValueError(f"dtype must be one of {FEATURE_DTYPES}, got {dtype!r}.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     index = read_features_index(out) or {
         "format": FORMAT, "corpus": str(corpus_dir), "layer_ids": list(layer_ids),
-        "hidden_size": int(target.config.get_text_config().hidden_size), "shards": [],
+        "hidden_size": int(target.config.get_text_config().hidden_size), "dtype": dtype, "shards": [],
     }
     if index["layer_ids"] != list(layer_ids):
         raise ValueError(f"{out} holds features of layers {index['layer_ids']}, not {list(layer_ids)}: use another folder.")
+    if index.get("dtype", "float16") != dtype:
+        raise ValueError(f"{out} holds {index.get('dtype', 'float16')} features, not {dtype}: use another folder.")
     convs = load_corpus(corpus_dir)
     done = sum(s["num_conversations"] for s in index["shards"])
     bar = tqdm(total=len(convs), initial=done, desc="target features", unit="conv", disable=not progress)
@@ -88,7 +94,7 @@ def write_features(
         part, t0 = convs[lo : lo + per_shard], time.perf_counter()
         rows: list[Any] = [None] * len(part)
         for group in batches_by_tokens(part, max_tokens):
-            for i, pair in zip(group, forward_features(target, [part[i] for i in group], layer_ids)):
+            for i, pair in zip(group, forward_features(target, [part[i] for i in group], layer_ids, dtype)):
                 rows[i] = pair
             bar.update(len(group))
         _write_shard(out, index, part, rows, time.perf_counter() - t0)
@@ -156,8 +162,9 @@ def load_feature_shards(out: Path, index: dict[str, Any]) -> list[tuple[torch.Te
         with np.load(out / f"{shard['name']}.npz", allow_pickle=False) as data:
             ids = torch.from_numpy(data["input_ids"].astype(np.int64))
             offsets, prompt_lengths = data["offsets"].tolist(), data["prompt_lengths"].tolist()
-        hidden = torch.from_numpy(np.load(out / f"{shard['name']}.hidden.npy", mmap_mode="c"))
-        aux = torch.from_numpy(np.load(out / f"{shard['name']}.aux.npy", mmap_mode="c"))
+        dtype = index.get("dtype", "float16")  # folders written before bfloat16 storage hold float16
+        hidden = stored_features(np.load(out / f"{shard['name']}.hidden.npy", mmap_mode="c"), dtype)
+        aux = stored_features(np.load(out / f"{shard['name']}.aux.npy", mmap_mode="c"), dtype)
         for c, (lo, hi, p) in enumerate(zip(offsets[:-1], offsets[1:], prompt_lengths)):
             mask = torch.zeros(hi - lo, dtype=torch.bool)
             mask[p:] = True

@@ -28,7 +28,7 @@ stage corpus python recipes/gemma3/build_corpus.py --out "$CORPUS" --max-prompts
 
 # 2. the target's features (its EAGLE-3 layers and final hidden state), recomputed from the ids in batched passes
 [ -f "$RUN/features/index.json" ] || stage features hf-dynaspec features --target gemma3 --corpus "$CORPUS" \
-    --out "$RUN/features" --threads 2
+    --out "$RUN/features" --threads 2 --feature-dtype bfloat16  # Gemma's residual stream exceeds float16
 
 # 3. cluster count and budgets for 262k tokens: a router trained alone per setting, recall against the mean
 #    shortlist size and against a static shortlist of the same size (results.md there; CLUSTERS/K0/K1 above)
