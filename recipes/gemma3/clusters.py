@@ -36,15 +36,18 @@ from hf_dynaspec.training.trainer import HELDOUT_FRACTION, split_heldout  # noqa
 
 
 def answer_positions(convs, max_positions: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Features (n, k * d) float32 of positions whose next token is an answer token, and that token (n,)."""
+    """Features (n, k * d) float32 of at most `max_positions` positions drawn at random among those whose next
+    token is an answer token, and that token (n,). Only the drawn rows are read from the memory maps."""
+    where = [conv.loss_mask[1:].nonzero(as_tuple=True)[0] for conv in convs]  # positions t, x_{t+1} an answer
+    owner = torch.cat([torch.full((len(w),), i) for i, w in enumerate(where)])  # (N,) conversation of each
+    position = torch.cat(where)  # (N,)
+    pick = torch.randperm(len(owner), generator=torch.Generator().manual_seed(seed))[:max_positions].sort().values
+    owners, counts = torch.unique_consecutive(owner[pick], return_counts=True)  # pick sorted: owners grouped
     feats, labels = [], []
-    for conv in convs:
-        keep = conv.loss_mask[1:].nonzero(as_tuple=True)[0]  # positions t with x_{t+1} an answer token
-        feats.append(torch.as_tensor(conv.features[keep.numpy()]).float())  # (m, k * d)
-        labels.append(conv.input_ids[keep + 1])  # (m,)
-    x, y = torch.cat(feats), torch.cat(labels)
-    pick = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))[:max_positions]
-    return x[pick], y[pick]
+    for i, rows in zip(owners.tolist(), position[pick].split(counts.tolist())):  # rows (m,) ascending
+        feats.append(torch.as_tensor(convs[i].features[rows]).float())  # (m, k * d)
+        labels.append(convs[i].input_ids[rows + 1])  # (m,)
+    return torch.cat(feats), torch.cat(labels)
 
 
 def train_router(x: torch.Tensor, clusters_of_next: torch.Tensor, num_clusters: int, hidden: int, epochs: int,
