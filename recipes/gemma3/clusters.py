@@ -5,7 +5,8 @@ target's LM-head rows) and a router of the drafter's shape (`ClusterRouter`) is 
 features of the corpus (the three layers an EAGLE-3 drafter reads), to name the cluster of the next answer token
 (the target's own greedy token: the corpus is self-distilled). On held-out conversations (the split `train`
 uses) it reports, for each top-k budget, the recall (next token inside the shortlist) and the mean shortlist
-size, beside a static frequency shortlist (FR-Spec) of the same size. A trained drafter's router reads the
+size, beside a static frequency shortlist (FR-Spec) of the same size (results.md there and a generated block of
+recipes/gemma3/training.md). A trained drafter's router reads the
 drafter's own decoder input, not these features: this proxy ranks settings, the trained drafter's Spec-Bench
 run gives the real figures.
 
@@ -27,7 +28,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from hf_dynaspec.bench import machine_description  # noqa: E402
+from hf_dynaspec.bench import machine_description, write_doc_block  # noqa: E402
 from hf_dynaspec.clustering import VocabClusters, cluster_vocabulary  # noqa: E402
 from hf_dynaspec.router import ClusterRouter  # noqa: E402
 from hf_dynaspec.targets import load_target  # noqa: E402
@@ -158,6 +159,7 @@ def write_results(out: Path, results: dict) -> None:
     figure.tight_layout()
     figure.savefig(out / "recall_vs_size.png", dpi=120)
     (out / "results.md").write_text("\n".join(lines) + "\n")
+    write_doc_block(Path(__file__).with_name("training.md"), "clusters", "\n".join(lines))
     print("\n".join(lines))
 
 
