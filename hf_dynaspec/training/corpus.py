@@ -255,10 +255,10 @@ def answers_until_loop(
             answers[i] = answer[:end] if end is not None else answer
             finished = end is not None or answer.numel() >= max_new_tokens or piece.numel() < steps \
                 or bool(piece.numel() and int(piece[-1]) in eos_ids)
-            if finished and on_done is not None:
-                on_done(1)
-            elif not finished:
+            if not finished:
                 queue.append(i)
+            elif on_done is not None:
+                on_done(1)
     return answers
 
 
@@ -328,20 +328,19 @@ def write_answers(
     pad_id, eos_ids = pad_token_id(tokenizer, model), eos_token_ids(model)
     bar = tqdm(total=len(order), desc="answers", unit="prompt", disable=not progress)
     for lo in range(0, len(order), per_shard):
-        keys, convs, rows, t0 = order[lo : lo + per_shard], [], [], time.perf_counter()
+        keys, rows, t0 = order[lo : lo + per_shard], [], time.perf_counter()
+        prompts, answers = [todo[k][0] for k in keys], []
         if stop_repeats:  # the whole shard in one queue: finished answers make room for waiting prompts
-            prompts = [todo[k][0] for k in keys]
             answers = answers_until_loop(model, prompts, max_new_tokens, batch_size, pad_id, eos_ids, stop_repeats,
                                          segment, on_done=bar.update)
-            convs = [CorpusConversation(torch.cat([torch.tensor(ids), a]), len(ids)) for ids, a in zip(prompts, answers)]
         else:
-            for start in range(0, len(keys), batch_size):
-                prompts = [todo[k][0] for k in keys[start : start + batch_size]]
-                answers, features = answer_batch(model, prompts, max_new_tokens, pad_id, eos_ids, capture_layers)
-                convs += [CorpusConversation(torch.cat([torch.tensor(ids), a]), len(ids))
-                          for ids, a in zip(prompts, answers)]
+            for start in range(0, len(prompts), batch_size):
+                batch = prompts[start : start + batch_size]
+                batch_answers, features = answer_batch(model, batch, max_new_tokens, pad_id, eos_ids, capture_layers)
+                answers += batch_answers
                 rows += features or []
-                bar.update(len(prompts))
+                bar.update(len(batch))
+        convs = [CorpusConversation(torch.cat([torch.tensor(ids), a]), len(ids)) for ids, a in zip(prompts, answers)]
         seconds = time.perf_counter() - t0
         if on_shard is not None:
             on_shard(len(index["shards"]), convs, rows, seconds)

@@ -33,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation.verify import select_hidden_states
-from .corpus import FEATURE_DTYPES, CorpusConversation, feature_rows, load_corpus, stored_features
+from .corpus import CorpusConversation, feature_rows, load_corpus, stored_features
 
 FORMAT = "features"
 INDEX_NAME = "index.json"
@@ -75,8 +75,6 @@ def write_features(
     """Features of every conversation of `corpus_dir` under `out_dir`, stored as `dtype` ("float16", or
     "bfloat16" for targets whose hidden states exceed float16), shard by shard (resumable: a rerun continues
     after the last complete shard). Returns the index."""
-    if dtype not in FEATURE_DTYPES:
-        raise ValueError(f"dtype must be one of {FEATURE_DTYPES}, got {dtype!r}.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     index = read_features_index(out) or {
@@ -85,8 +83,8 @@ def write_features(
     }
     if index["layer_ids"] != list(layer_ids):
         raise ValueError(f"{out} holds features of layers {index['layer_ids']}, not {list(layer_ids)}: use another folder.")
-    if index.get("dtype", "float16") != dtype:
-        raise ValueError(f"{out} holds {index.get('dtype', 'float16')} features, not {dtype}: use another folder.")
+    if stored_dtype(index) != dtype:
+        raise ValueError(f"{out} holds {stored_dtype(index)} features, not {dtype}: use another folder.")
     convs = load_corpus(corpus_dir)
     done = sum(s["num_conversations"] for s in index["shards"])
     bar = tqdm(total=len(convs), initial=done, desc="target features", unit="conv", disable=not progress)
@@ -154,15 +152,19 @@ def read_features_index(out: Path) -> dict[str, Any] | None:
     return index if index.get("format") == FORMAT else None
 
 
+def stored_dtype(index: dict[str, Any]) -> str:
+    """The folder's storage dtype (folders written before bfloat16 storage hold float16 and do not say so)."""
+    return index.get("dtype", "float16")
+
+
 def load_feature_shards(out: Path, index: dict[str, Any]) -> list[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]]:
     """Per conversation (input_ids (L,), loss_mask (L,) bool, prompt length, hidden (L - 1, d), aux
     (L - 1, k * d)); the feature arrays are copy-on-write memory maps (read lazily, never written back)."""
-    result = []
+    result, dtype = [], stored_dtype(index)
     for shard in index["shards"]:
         with np.load(out / f"{shard['name']}.npz", allow_pickle=False) as data:
             ids = torch.from_numpy(data["input_ids"].astype(np.int64))
             offsets, prompt_lengths = data["offsets"].tolist(), data["prompt_lengths"].tolist()
-        dtype = index.get("dtype", "float16")  # folders written before bfloat16 storage hold float16
         hidden = stored_features(np.load(out / f"{shard['name']}.hidden.npy", mmap_mode="c"), dtype)
         aux = stored_features(np.load(out / f"{shard['name']}.aux.npy", mmap_mode="c"), dtype)
         for c, (lo, hi, p) in enumerate(zip(offsets[:-1], offsets[1:], prompt_lengths)):

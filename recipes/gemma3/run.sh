@@ -15,7 +15,6 @@ K0=${K0:-8}
 K1=${K1:-4}
 STEPS=${STEPS:-3000}
 UNROLL=${UNROLL:-4}
-LIMIT=${LIMIT-10}
 export OMP_NUM_THREADS=2
 mkdir -p "$RUN"
 
