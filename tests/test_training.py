@@ -244,7 +244,7 @@ def test_unrolled_steps_match_step_by_step_drafting(tiny, arch_data, depth):
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture=arch).bind(target).eval()
     conv = max(load_dataset(dataset), key=lambda c: c.hidden.shape[0])
     length = conv.hidden.shape[0] - 1
-    batch = collate([window(conv, 0, length)], length)
+    batch = collate([window(conv, 0, length)])
     with torch.no_grad():
         steps = unrolled_steps(drafter, batch, depth)
         for j in range(depth - 1, length):
@@ -412,3 +412,29 @@ def test_bfloat16_features_hold_states_beyond_float16(tiny, tmp_path):
     torch.testing.assert_close(convs[0].aux.float(), out.hidden_states[1][0], rtol=1e-2, atol=1e-2)
     with pytest.raises(ValueError, match="bfloat16 features"):
         write_features(target, tmp_path / "c", tmp_path / "bf16", [1], progress=False)
+
+
+def test_batches_pad_to_their_longest_window_and_padding_changes_no_loss(tiny, eagle3_dataset):
+    """`collate` pads to the longest window, not to seq_len: the padding it leaves out is never read by a loss
+    (right padding, causal attention), so the losses equal those of a batch padded to the full window."""
+    from dataclasses import replace
+
+    from hf_dynaspec.training.trainer import drafter_losses, sample_batch
+
+    target, _ = tiny
+    convs = load_dataset(eagle3_dataset)
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture="eagle3").bind(target).eval()
+    batch = sample_batch(convs, 3, 64, torch.Generator().manual_seed(0))
+    assert batch.input_ids.shape[1] < 64
+    assert bool((batch.position_ids[:, -1] > 0).any())  # the longest window fills the last column
+
+    def pad(t: torch.Tensor) -> torch.Tensor:  # (B, T, ...) -> (B, 64, ...)
+        return torch.cat([t, t.new_zeros((t.shape[0], 64 - t.shape[1], *t.shape[2:]))], dim=1)
+
+    padded = replace(batch, **{k: pad(getattr(batch, k)) for k in ("input_ids", "features", "target_hidden",
+                                                                   "position_ids", "valid")})
+    with torch.no_grad():
+        short, full = (drafter_losses(drafter, b, 16, 4, True, torch.Generator().manual_seed(1), unroll=3)
+                       for b in (batch, padded))
+    for key in ("regression", "ce", "router", "top1"):
+        torch.testing.assert_close(short[key], full[key], rtol=1e-4, atol=1e-5)

@@ -99,15 +99,19 @@ def sample_batch(convs: list[Conversation], batch_size: int, seq_len: int, gener
         lo = min(latest, max(0, conv.prompt_length - 2))
         start = latest if lo >= latest else int(torch.randint(lo, latest + 1, (1,), generator=generator))
         parts.append(window(conv, start, seq_len))
-    return collate(parts, seq_len)
+    return collate(parts)
 
 
-def collate(parts: list[dict[str, torch.Tensor]], seq_len: int) -> Batch:
+def collate(parts: list[dict[str, torch.Tensor]]) -> Batch:
+    """Right-pad the windows to the longest of them (not to `seq_len`: conversations are often shorter, and
+    padding past the longest is work whose outputs no loss reads; a causal row never sees the padding after it)."""
+    width = max(part["input_ids"].shape[0] for part in parts)
+
     def pad(key: str, fill: float | int = 0) -> torch.Tensor:
         rows = []
         for part in parts:
             value = part[key]
-            extra = seq_len - value.shape[0]
+            extra = width - value.shape[0]
             rows.append(torch.cat([value, value.new_full((extra, *value.shape[1:]), fill)]) if extra else value)
         return torch.stack(rows)
 
@@ -462,7 +466,7 @@ def evaluate_drafter(
     recall_hits = dict.fromkeys(budgets, 0)
     for conv in convs:
         for start in range(0, conv.hidden.shape[0] - 1, seq_len):
-            batch = collate([window(conv, start, seq_len)], seq_len)
+            batch = collate([window(conv, start, seq_len)])
             if not batch.valid.any():
                 continue
             # the target's token at each answer position (every step's positions are among these); -1 elsewhere
