@@ -15,6 +15,8 @@ K0=${K0:-8}
 K1=${K1:-4}
 STEPS=${STEPS:-3000}
 UNROLL=${UNROLL:-4}
+LIMIT=${LIMIT:-10}  # Spec-Bench prompts per category (130 in all)
+OUT=${OUT:-benchmarks/results/cpu-gemma3-270m}  # committed results: Spec-Bench here, the code slice in $OUT-code
 export OMP_NUM_THREADS=2
 mkdir -p "$RUN"
 
@@ -45,3 +47,27 @@ stage train hf-dynaspec train --target gemma3 --drafter "$RUN/init" --data "$RUN
 
 # 5. static shortlists: 32,768 ranked tokens (FR-Spec's size; `static[static_size=N]` takes the first N)
 stage static hf-dynaspec static --drafter "$RUN/ckpt" --data "$RUN/features" --size 32768
+
+# 6. the default tree and the cluster budgets k0 / k1, chosen on the tuning prompts (never on Spec-Bench or the
+#    code slice) in the "Question: ...\nAnswer:" format the base model is used with; the winner goes into the
+#    drafter's generation_config.json
+TREE="num_draft_nodes=12,draft_depth=5,draft_top_k=4,min_draft_prob=0.05"
+stage tune python recipes/smollm2/tune_tree.py --target gemma3 --drafter "$RUN/ckpt" --out "$RUN/tune" \
+    --prompt-format qa --doc recipes/gemma3/training.md --write --methods "\
+dynaspec[num_draft_nodes=8,draft_depth=5,draft_top_k=3,min_draft_prob=0.1],dynaspec[$TREE],\
+dynaspec[num_draft_nodes=16,draft_depth=6,draft_top_k=4,min_draft_prob=0.05],\
+dynaspec[$TREE,shortlist_k0=4,shortlist_k1=2],dynaspec[$TREE,shortlist_k0=16,shortlist_k1=8]"
+
+# 7. the comparison: plain, DynaSpec, the same tree with the full head, a static shortlist of DynaSpec's mean size
+#    (from the tuning run) and of 32,768 tokens, the in-context shortlist with a 2,048-token core, the union;
+#    the main ones also without the lookup branch. Spec-Bench first, then the held-out code slice.
+SIZE=$(python -c "import json, sys; t = json.load(open(sys.argv[1])); \
+print(round(next(r['mean_shortlist_size'] for r in t['candidates'] if r['method'] == t['meta']['chosen'])))" \
+    "$RUN/tune/tune.json")
+METHODS="plain,dynaspec,full,static[static_size=$SIZE],static,context[static_size=2048],union,\
+dynaspec[lookup_num_tokens=0],full[lookup_num_tokens=0],static[static_size=$SIZE,lookup_num_tokens=0]"
+stage bench hf-dynaspec bench --target gemma3 --drafter "$RUN/ckpt" --limit "$LIMIT" --prompt-format qa \
+    --threads 2 --methods "$METHODS" --out "$OUT"
+stage bench-code hf-dynaspec bench --target gemma3 --drafter "$RUN/ckpt" --prompts data/code_slice.jsonl \
+    --prompt-format plain --threads 2 --methods "$METHODS" --out "$OUT-code"
+stage summarize python recipes/gemma3/summarize.py --bench "$OUT" --code "$OUT-code"

@@ -21,6 +21,7 @@ from hf_dynaspec.bench import (
     load_bench_prompts,
     machine_description,
     method_settings,
+    parse_methods,
     run_bench,
     summarize,
     write_doc_block,
@@ -31,6 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 # (nodes, depth, top-k, min_draft_prob), each with the 8-token lookup branch
 CANDIDATES = ((8, 5, 3, 0.1), (6, 4, 2, 0.1), (12, 5, 4, 0.05), (16, 6, 4, 0.05), (24, 7, 4, 0.02))
+MEASURED = ("method", "speedup", "accepted_length", "mean_shortlist_size", "mismatches")
+LABELS = {"num_draft_nodes": "nodes", "draft_depth": "depth", "draft_top_k": "top-k", "shortlist_k0": "k0",
+          "shortlist_k1": "k1"}
 
 
 def method_name(nodes: int, depth: int, top_k: int, min_prob: float) -> str:
@@ -41,19 +45,23 @@ def choose(summaries: list, methods: list[str]) -> tuple[str | None, list[dict]]
     """(the exact candidate with the best overall speedup, one row per candidate)."""
     overall = {s.method: s for s in summaries if s.category == "overall"}
     rows = [dict(method=m, speedup=overall[m].speedup, accepted_length=overall[m].mean_accepted_length,
-                 mismatches=overall[m].mismatches, **{k: v for k, v in method_settings(m).items() if k != "head_mode"})
+                 mean_shortlist_size=overall[m].mean_shortlist_size, mismatches=overall[m].mismatches,
+                 **{k: v for k, v in method_settings(m).items() if k != "head_mode"})
             for m in methods if m in overall]
     exact = [r for r in rows if r["mismatches"] == 0]
     return (max(exact, key=lambda r: r["speedup"])["method"] if exact else None), rows
 
 
 def markdown(rows: list[dict], best: str | None, meta: dict) -> str:
+    """One row per candidate, best first; a column per setting the candidates vary."""
+    settings = dict.fromkeys(k for r in rows for k in r if k not in MEASURED)  # every setting, in first-seen order
+    keys = [k for k in settings if len({str(r.get(k)) for r in rows}) > 1]
     lines = [f"Tree tuning on {meta['prompts']} tuning prompts ({meta['max_new_tokens']} new tokens), {meta['machine']}.", "",
-             "| nodes | depth | top-k | min_draft_prob | speedup | accepted length | differs from plain | chosen |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| " + " | ".join(LABELS.get(k, k) for k in keys) + " | speedup | accepted length | mean shortlist | "
+             "differs from plain | chosen |", "|---" * (len(keys) + 5) + "|"]
     for r in sorted(rows, key=lambda r: -r["speedup"]):
-        lines.append(f"| {r['num_draft_nodes']} | {r['draft_depth']} | {r['draft_top_k']} | {r['min_draft_prob']} | "
-                     f"{r['speedup']:.2f}x | {r['accepted_length']:.2f} | {r['mismatches']} | "
+        lines.append("| " + " | ".join(str(r.get(k, "default")) for k in keys) + f" | {r['speedup']:.2f}x | "
+                     f"{r['accepted_length']:.2f} | {r['mean_shortlist_size']:,.0f} | {r['mismatches']} | "
                      f"{'yes' if r['method'] == best else ''} |")
     return "\n".join(lines) + "\n"
 
@@ -67,6 +75,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompt-format", default="chat", help="how prompts are encoded (targets.PROMPT_FORMATS)")
+    parser.add_argument("--methods", type=parse_methods, default=None,
+                        help="candidates as bench methods, e.g. 'dynaspec[num_draft_nodes=8,shortlist_k0=4],...' "
+                             "(default: the five trees of CANDIDATES)")
     parser.add_argument("--write", action="store_true", help="store the chosen tree in the drafter's generation config")
     parser.add_argument("--doc", type=Path, default=HERE / "training.md", help="markdown file for the generated table")
     args = parser.parse_args()
@@ -76,7 +87,7 @@ def main() -> None:
     prompts = load_bench_prompts(args.prompts)
     target, tokenizer = load_target(args.target)
     drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target).eval()
-    methods = [method_name(*c) for c in CANDIDATES]
+    methods = args.methods or [method_name(*c) for c in CANDIDATES]
     args.out.mkdir(parents=True, exist_ok=True)
     records = run_bench(target, tokenizer, drafter, prompts, methods, args.max_new_tokens,
                         records_path=args.out / "records.jsonl", prompt_format=args.prompt_format)

@@ -1,0 +1,191 @@
+"""The Gemma 3 270M comparison (issue #15) read from its two committed bench runs, Spec-Bench and the held-out
+code slice: every condition the issue sets, measured against its goal, plus the per-category table of the
+shortlist modes. Writes `conditions.json` and `conditions.md` into the Spec-Bench run's folder and prints the
+markdown; nothing is typed in, every figure comes from the runs' `results.json`.
+
+Methods it reads (names as `hf-dynaspec bench --methods` spells them): `plain`, `dynaspec` (router shortlist),
+`full` (same tree, full head), `static` (the drafter's 32,768 ranked tokens), `static[static_size=N]` (a static
+shortlist of about DynaSpec's mean size: the one such method in the run), `context[...]` (in-context tokens + a
+frequent core), `union` (router clusters + in-context tokens). A condition whose methods are missing reads
+"not measured", never "holds".
+
+    python recipes/gemma3/summarize.py --bench benchmarks/results/cpu-gemma3-270m \
+        --code benchmarks/results/cpu-gemma3-270m-code
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from hf_dynaspec.bench import Summary
+
+MODES = {"dynaspec": "router clusters", "context": "in-context tokens + core", "union": "router + in-context"}
+
+
+@dataclass
+class Condition:
+    name: str
+    goal: str
+    measured: str
+    holds: bool | None  # None: the run lacks a method the condition reads
+
+
+def load_summaries(folder: Path) -> tuple[dict, list[Summary]]:
+    payload = json.loads((folder / "results.json").read_text())
+    return payload, [Summary(**s) for s in payload["summaries"]]
+
+
+def by_method(summaries: list[Summary], category: str = "overall") -> dict[str, Summary]:
+    return {s.method: s for s in summaries if s.category == category}
+
+
+def find_method(methods: dict[str, Summary], prefix: str) -> Summary | None:
+    """The one method of the run named `prefix[...]` (e.g. the equal-size static shortlist), or None."""
+    found = [s for name, s in methods.items() if name.startswith(prefix + "[") and "lookup_num_tokens" not in name]
+    if len(found) > 1:
+        raise ValueError(f"the run holds several {prefix}[...] methods ({[s.method for s in found]}): keep one")
+    return found[0] if found else None
+
+
+def missing(name: str, goal: str, *needed: str) -> Condition:
+    return Condition(name, goal, f"not measured ({', '.join(needed)} missing from the run)", None)
+
+
+def speed_conditions(overall: dict[str, Summary]) -> list[Condition]:
+    dyn, full = overall.get("dynaspec"), overall.get("full")
+    out = []
+    if dyn is None or full is None:
+        out.append(missing("DynaSpec vs the same tree with the full head", ">= 1.50x", "dynaspec", "full"))
+    else:
+        ratio = dyn.tokens_per_s / full.tokens_per_s
+        out.append(Condition("DynaSpec vs the same tree with the full head", ">= 1.50x", f"{ratio:.2f}x", ratio >= 1.5))
+    if dyn is None:
+        out.append(missing("DynaSpec vs plain, overall", ">= 1.40x", "dynaspec"))
+    else:
+        out.append(Condition("DynaSpec vs plain, overall", ">= 1.40x", f"{dyn.speedup:.2f}x", dyn.speedup >= 1.4))
+    return out
+
+
+def static_conditions(bench: list[Summary], code: list[Summary], vocab: int) -> list[Condition]:
+    """Against the equal-size static shortlist (categories, code slice, speed) and the 32k one."""
+    overall = by_method(bench)
+    dyn, equal, big = overall.get("dynaspec"), find_method(overall, "static"), overall.get("static")
+    if dyn is None or equal is None:
+        name = "DynaSpec vs an equal-size static shortlist"
+        return [missing(name, "see the issue", "dynaspec", "static[static_size=N]")]
+    cats = sorted({s.category for s in bench if s.category != "overall"})
+    wins = [c for c in cats if by_method(bench, c)["dynaspec"].mean_accepted_length
+            > by_method(bench, c)[equal.method].mean_accepted_length]
+    out = [Condition(f"accepted length above {equal.method} ({equal.mean_shortlist_size:,.0f} tokens vs "
+                     f"{dyn.mean_shortlist_size:,.0f}), categories", ">= 10 of 13",
+                     f"{len(wins)} of {len(cats)}", len(wins) >= 10)]
+    code_overall = by_method(code)
+    if "dynaspec" in code_overall and equal.method in code_overall:
+        a, b = code_overall["dynaspec"].mean_accepted_length, code_overall[equal.method].mean_accepted_length
+        out.append(Condition("accepted length above the equal-size static shortlist, code slice", "higher",
+                             f"{a:.2f} vs {b:.2f}", a > b))
+    else:
+        out.append(missing("accepted length above the equal-size static shortlist, code slice", "higher",
+                           "code-slice dynaspec / " + equal.method))
+    ratio = dyn.tokens_per_s / equal.tokens_per_s
+    out.append(Condition("speed vs the equal-size static shortlist", ">= 1.05x", f"{ratio:.2f}x", ratio >= 1.05))
+    if big is None:
+        out.append(missing("vs the 32k static shortlist", "accepted length >=, shortlist <= half", "static"))
+    else:
+        holds = dyn.mean_accepted_length >= big.mean_accepted_length and dyn.mean_shortlist_size <= big.mean_shortlist_size / 2
+        out.append(Condition("vs the 32k static shortlist: accepted length, shortlist size",
+                             ">= its accepted length with <= half its size",
+                             f"{dyn.mean_accepted_length:.2f} vs {big.mean_accepted_length:.2f}; "
+                             f"{dyn.mean_shortlist_size:,.0f} vs {big.mean_shortlist_size:,.0f} tokens", holds))
+    return out
+
+
+def recovery_condition(overall: dict[str, Summary], vocab: int) -> Condition:
+    dyn, full = overall.get("dynaspec"), overall.get("full")
+    goal = ">= 98% with a mean shortlist <= 5% of the vocabulary"
+    if dyn is None or full is None:
+        return missing("recovery of the full head's accepted length", goal, "dynaspec", "full")
+    recovery, share = dyn.mean_accepted_length / full.mean_accepted_length, dyn.mean_shortlist_size / vocab
+    return Condition("recovery of the full head's accepted length", goal, f"{recovery:.1%} at {share:.1%}",
+                     recovery >= 0.98 and share <= 0.05)
+
+
+def mode_conditions(overall: dict[str, Summary]) -> tuple[list[Condition], str | None]:
+    """The union against its two parts, and the fastest shortlist mode (the one to make the default)."""
+    modes = {m: overall[m] for m in ("dynaspec", "union") if m in overall}
+    context = find_method(overall, "context") or overall.get("context")
+    if context is not None:
+        modes["context"] = context
+    if len(modes) < 3:
+        return [missing("union vs the better of router and in-context", "accepted length >=",
+                        "dynaspec / context / union")], None
+    union, parts = modes["union"], max(modes["dynaspec"].mean_accepted_length, modes["context"].mean_accepted_length)
+    best = max(modes, key=lambda m: modes[m].tokens_per_s)
+    cond = Condition("union vs the better of router and in-context", "accepted length >=",
+                     f"{union.mean_accepted_length:.2f} vs {parts:.2f}", union.mean_accepted_length >= parts)
+    return [cond], modes[best].method
+
+
+def mode_table(bench: list[Summary], code: list[Summary]) -> str:
+    """Per category: accepted length (speedup vs plain) of each shortlist mode and of the static baselines."""
+    overall = by_method(bench)
+    columns = [m for m in ("dynaspec", "union", "full", "static") if m in overall]
+    for prefix, at in (("context", 1), ("static", len(columns))):
+        found = find_method(overall, prefix)
+        if found is not None:
+            columns.insert(at, found.method)
+    rows = ["| category | " + " | ".join(f"`{c}`" for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    groups = [(c, by_method(bench, c)) for c in sorted({s.category for s in bench} - {"overall"})]
+    groups += [("**overall**", overall)] + ([("code slice", by_method(code))] if code else [])
+    for name, methods in groups:
+        cells = [f"{methods[c].mean_accepted_length:.2f} ({methods[c].speedup:.2f}x)" if c in methods else "" for c in columns]
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def conditions(bench_dir: Path, code_dir: Path | None) -> tuple[list[Condition], str | None, str]:
+    payload, bench = load_summaries(bench_dir)
+    code_payload, code = load_summaries(code_dir) if code_dir else ({"records": []}, [])
+    overall = by_method(bench)
+    if "full" not in overall:
+        raise ValueError(f"{bench_dir} has no `full` method: the vocabulary size and recovery come from it")
+    vocab = int(overall["full"].mean_shortlist_size)  # the full head's shortlist is the whole vocabulary
+    speculative = [r for r in payload["records"] + code_payload["records"] if r["method"] != "plain"]
+    mismatches = sum(not r["matches_plain"] for r in speculative)
+    found = [Condition("greedy output identical to plain greedy", "every prompt",
+                       f"{mismatches} mismatches over {len(speculative)} speculative runs", mismatches == 0)]
+    found += speed_conditions(overall) + static_conditions(bench, code, vocab) + [recovery_condition(overall, vocab)]
+    modes, best = mode_conditions(overall)
+    return found + modes, best, mode_table(bench, code)
+
+
+def markdown(found: list[Condition], best: str | None, table: str, meta: dict) -> str:
+    verdict = {True: "holds", False: "**missed**", None: "not measured"}
+    lines = [f"Gemma 3 270M, Spec-Bench ({meta['prompts']} prompts) + code slice, greedy, {meta['max_new_tokens']} "
+             f"new tokens, on {meta['machine']}.", "", "| condition | goal | measured | |", "|---|---|---|---|"]
+    lines += [f"| {c.name} | {c.goal} | {c.measured} | {verdict[c.holds]} |" for c in found]
+    if best:
+        lines += ["", f"Fastest shortlist mode overall: `{best}`."]
+    lines += ["", "Accepted length (speedup vs plain) per category:", "", table]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bench", type=Path, required=True, help="Spec-Bench run folder (results.json)")
+    parser.add_argument("--code", type=Path, default=None, help="code-slice run folder (results.json)")
+    args = parser.parse_args()
+    found, best, table = conditions(args.bench, args.code)
+    meta = json.loads((args.bench / "results.json").read_text())["meta"]
+    text = markdown(found, best, table, meta)
+    (args.bench / "conditions.md").write_text(text + "\n")
+    (args.bench / "conditions.json").write_text(json.dumps(
+        {"conditions": [c.__dict__ for c in found], "fastest_mode": best}, indent=1) + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
