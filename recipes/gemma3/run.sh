@@ -44,6 +44,8 @@ stage corpus python recipes/gemma3/build_corpus.py --out "$CORPUS" --max-prompts
 stage train hf-dynaspec train --target gemma3 --drafter "$RUN/init" --data "$RUN/features" --ckpt-dir "$RUN/ckpt" \
     --steps "$STEPS" --lr 5e-4 --batch-size 8 --seq-len 256 --unroll "$UNROLL" --head-positions 64 --bf16 \
     --eval-every 250 --loss-weights 0 1 0.2 --threads 2
+stage curves python recipes/smollm2/curves.py --ckpt "$RUN/ckpt" --out benchmarks/results/cpu-gemma3-train \
+    --doc recipes/gemma3/training.md  # held-out top-1 at depths 1-3 against steps: would more steps pay?
 
 # 5. static shortlists: 32,768 ranked tokens (FR-Spec's size; `static[static_size=N]` takes the first N)
 stage static hf-dynaspec static --drafter "$RUN/ckpt" --data "$RUN/features" --size 32768
@@ -71,3 +73,7 @@ stage bench hf-dynaspec bench --target gemma3 --drafter "$RUN/ckpt" --limit "$LI
 stage bench-code hf-dynaspec bench --target gemma3 --drafter "$RUN/ckpt" --prompts data/code_slice.jsonl \
     --prompt-format plain --threads 2 --methods "$METHODS" --out "$OUT-code"
 stage summarize python recipes/gemma3/summarize.py --bench "$OUT" --code "$OUT-code"
+
+# 8. ship: drafters/gemma-3-270m (bf16), default shortlist mode = the fastest of router / in-context / union on
+#    Spec-Bench, model card from the generated files
+stage export python recipes/gemma3/export.py --ckpt "$RUN/ckpt" --bench "$OUT" --code "$OUT-code"

