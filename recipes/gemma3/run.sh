@@ -52,13 +52,16 @@ stage static hf-dynaspec static --drafter "$RUN/ckpt" --data "$RUN/features" --s
 
 # 6. the default tree and the cluster budgets k0 / k1, chosen on the tuning prompts (never on Spec-Bench or the
 #    code slice) in the "Question: ...\nAnswer:" format the base model is used with; the winner goes into the
-#    drafter's generation_config.json
+#    drafter's generation_config.json. Larger trees than SmolLM2's are in the grid: a Gemma forward over 16
+#    tokens costs under twice one over 1 (docs/architecture.md, "Gemma 3 270M"), while each draft depth pays
+#    the drafter's shortlisted head, which k0 / k1 size.
 TREE="num_draft_nodes=12,draft_depth=5,draft_top_k=4,min_draft_prob=0.05"
+BIG="num_draft_nodes=24,draft_depth=7,draft_top_k=4,min_draft_prob=0.02"
 stage tune python recipes/smollm2/tune_tree.py --target gemma3 --drafter "$RUN/ckpt" --out "$RUN/tune" \
     --prompt-format qa --doc recipes/gemma3/training.md --write --methods "\
 dynaspec[num_draft_nodes=8,draft_depth=5,draft_top_k=3,min_draft_prob=0.1],dynaspec[$TREE],\
-dynaspec[num_draft_nodes=16,draft_depth=6,draft_top_k=4,min_draft_prob=0.05],\
-dynaspec[$TREE,shortlist_k0=4,shortlist_k1=2],dynaspec[$TREE,shortlist_k0=16,shortlist_k1=8]"
+dynaspec[num_draft_nodes=16,draft_depth=6,draft_top_k=4,min_draft_prob=0.05],dynaspec[$BIG],\
+dynaspec[$TREE,shortlist_k0=4,shortlist_k1=2],dynaspec[$BIG,shortlist_k0=4,shortlist_k1=2]"
 
 # 7. the comparison: plain, DynaSpec, the same tree with the full head, a static shortlist of DynaSpec's mean size
 #    (from the tuning run) and of 32,768 tokens, the in-context shortlist with a 2,048-token core, the union;
@@ -67,7 +70,7 @@ SIZE=$(python -c "import json, sys; t = json.load(open(sys.argv[1])); \
 print(round(next(r['mean_shortlist_size'] for r in t['candidates'] if r['method'] == t['meta']['chosen'])))" \
     "$RUN/tune/tune.json")
 METHODS="plain,dynaspec,full,static[static_size=$SIZE],static,context[static_size=2048],union,\
-dynaspec[lookup_num_tokens=0],full[lookup_num_tokens=0],static[static_size=$SIZE,lookup_num_tokens=0]"
+dynaspec[lookup_num_tokens=0],full[lookup_num_tokens=0]"
 stage bench hf-dynaspec bench --target gemma3 --drafter "$RUN/ckpt" --limit "$LIMIT" --prompt-format qa \
     --threads 2 --methods "$METHODS" --out "$OUT"
 stage bench-code hf-dynaspec bench --target gemma3 --drafter "$RUN/ckpt" --prompts data/code_slice.jsonl \

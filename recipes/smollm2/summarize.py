@@ -5,6 +5,7 @@ Every number comes from the run's `results.json` (and `early-exit/results.json` 
 so the summary cannot drift from the measurements.
 
     python recipes/smollm2/summarize.py --bench benchmarks/results/cpu-smollm2-full
+    python recipes/smollm2/summarize.py --bench benchmarks/results/cpu-smollm2-eagle3-stage3 --readme
 """
 
 from __future__ import annotations
@@ -15,12 +16,21 @@ from collections import Counter
 from pathlib import Path
 
 from hf_dynaspec import DynaSpecGenerationConfig
-from hf_dynaspec.bench import Record, Summary, headline_table, load_bench_prompts, speedup_cell, summarize
+from hf_dynaspec.bench import (
+    Record,
+    Summary,
+    headline_table,
+    load_bench_prompts,
+    speedup_cell,
+    summarize,
+    write_doc_block,
+)
 from hf_dynaspec.generation.stats import SpeculativeStats
 
 ROOT = Path(__file__).resolve().parents[2]
 TUNING_IDS = Path(__file__).with_name("tuning_question_ids.json")  # the EAGLE-1 drafter's tree was chosen on these
-TREE_TUNING = "tree_tuning.json"  # written into a drafter's folder by tune_tree.py --write
+TREE_TUNING = "tree_tuning.json"
+README_BLOCK = "smollm2-results"  # the README's results section, written by --readme  # written into a drafter's folder by tune_tree.py --write
 
 # row labels of the overall table, in order; methods missing from the run are skipped
 LABELS = {
@@ -186,10 +196,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bench", type=Path, required=True, help="folder of a bench run (results.json)")
     parser.add_argument("--quality", type=Path, default=None, help="folder of a `hf-dynaspec quality` run")
+    parser.add_argument("--readme", action="store_true",
+                        help=f"also write the summary into README.md (generated block `{README_BLOCK}`)")
     args = parser.parse_args()
-    print(summary_text(args.bench))
+    text = summary_text(args.bench)
     if args.quality is not None:
-        print("\n" + quality_text(args.quality))
+        text += "\n\n" + quality_text(args.quality)
+    if args.readme:
+        write_doc_block(ROOT / "README.md", README_BLOCK, text)
+    print(text)
 
 
 if __name__ == "__main__":
