@@ -260,7 +260,9 @@ def _add_train_args(parser: argparse.ArgumentParser) -> None:
                        help="weights of the feature regression, the CE to the target and the router loss "
                             "(default 1 0.5 0.2)")
     parser.add_argument("--head-positions", type=int, default=256,
-                       help="positions per draft step whose full-vocabulary logits enter the CE loss")
+                       help="positions per batch whose full-vocabulary logits enter the CE loss at every draft step")
+    parser.add_argument("--length-pool", type=int, default=16,
+                       help="batches drawn at once and grouped by length, so they pad little (1: no grouping)")
     parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming from --ckpt-dir")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
 
@@ -482,10 +484,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                            args.ckpt_dir, resume=not args.no_resume, unroll=args.unroll,
                            autocast_dtype=torch.bfloat16 if args.bf16 else None, eval_every=args.eval_every,
                            weights=LossWeights(*args.loss_weights) if args.loss_weights else None,
-                           head_positions=args.head_positions, router_only=args.router_only)
+                           head_positions=args.head_positions, router_only=args.router_only,
+                           length_pool=args.length_pool)
     ev = result["eval"]
     settings = {"drafter": str(args.drafter), "data": [str(d) for d in args.data], "steps": args.steps, "lr": args.lr,
-                "unroll": args.unroll, "loss_weights": args.loss_weights, "head_positions": args.head_positions}
+                "unroll": args.unroll, "loss_weights": args.loss_weights, "head_positions": args.head_positions,
+                "length_pool": args.length_pool}
     (Path(args.ckpt_dir) / HELDOUT_EVAL_NAME).write_text(json.dumps(
         {"step": result["step"], "tokens_per_s": result["tokens_per_s"], "settings": settings, "eval": ev},
         indent=1, default=str) + "\n")

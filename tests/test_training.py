@@ -438,3 +438,40 @@ def test_batches_pad_to_their_longest_window_and_padding_changes_no_loss(tiny, e
                        for b in (batch, padded))
     for key in ("regression", "ce", "router", "top1"):
         torch.testing.assert_close(short[key], full[key], rtol=1e-4, atol=1e-5)
+
+
+def test_length_grouped_batches_keep_the_drawn_windows_and_group_them_by_length(eagle3_dataset):
+    """A pool of batches is the same windows as drawing them one by one, cut into batches by length."""
+    from hf_dynaspec.training.trainer import length_grouped_batches, random_window
+
+    convs = load_dataset(eagle3_dataset)
+    pool, size = 4, 3
+    stream = length_grouped_batches(convs, size, 64, torch.Generator().manual_seed(3), pool=pool)
+    batches = [next(stream) for _ in range(pool)]
+    generator = torch.Generator().manual_seed(3)
+    drawn = [random_window(convs, 64, generator) for _ in range(pool * size)]
+
+    def lengths(batch):
+        return sorted(int(n) for n in (batch.position_ids > 0).sum(-1) + 1)  # each window starts at position 0
+
+    assert sorted(n for b in batches for n in lengths(b)) == sorted(p["input_ids"].shape[0] for p in drawn)
+    spans = sorted((min(lengths(b)), max(lengths(b))) for b in batches)
+    assert all(hi <= lo for (_, hi), (lo, _) in zip(spans, spans[1:]))  # no batch straddles another's lengths
+    with pytest.raises(ValueError, match="length_pool"):
+        train_drafter(None, None, eagle3_dataset, 1, 1e-3, 2, 16, "/nonexistent", length_pool=0)
+
+
+def test_the_targets_head_runs_once_per_batch_whatever_the_unroll(tiny, eagle3_dataset):
+    """The target's distribution at the scored positions is shared by every unrolled step: unroll + 1 head
+    calls per batch (one per step for the drafter, one for the target), not 2 x unroll."""
+    from hf_dynaspec.training.trainer import drafter_losses, sample_batch
+
+    target, _ = tiny
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture="eagle3").bind(target)
+    batch = sample_batch(load_dataset(eagle3_dataset), 2, 64, torch.Generator().manual_seed(0))
+    calls = []
+    dense = drafter.dense_logits
+    drafter.dense_logits = lambda h: calls.append(h.shape[0]) or dense(h)
+    parts = drafter_losses(drafter, batch, 8, 4, True, torch.Generator().manual_seed(1), unroll=3)
+    assert len(calls) == 4 and len(set(calls)) == 1  # the same scored positions at every step
+    assert all(torch.isfinite(parts[k]) for k in ("ce", "router", "regression"))

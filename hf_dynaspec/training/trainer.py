@@ -86,20 +86,34 @@ def window(conv: Conversation, start: int, length: int) -> dict[str, torch.Tenso
     }
 
 
+def random_window(convs: list[Conversation], seq_len: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """A random conversation as its last `seq_len` positions: the whole answer (where the loss is) with as much
+    of the prompt before it as fits, so the drafter attends to context as it does when decoding."""
+    conv = convs[int(torch.randint(len(convs), (1,), generator=generator))]
+    n_pos = conv.hidden.shape[0] - 1
+    latest = max(0, n_pos - seq_len)
+    # answers longer than the window: a random window inside the answer
+    lo = min(latest, max(0, conv.prompt_length - 2))
+    start = latest if lo >= latest else int(torch.randint(lo, latest + 1, (1,), generator=generator))
+    return window(conv, start, seq_len)
+
+
 def sample_batch(convs: list[Conversation], batch_size: int, seq_len: int, generator: torch.Generator) -> Batch:
-    """Random conversations, each as its last `seq_len` positions: the whole answer (where the loss is) with as
-    much of the prompt before it as fits, so the drafter attends to context as it does when decoding."""
-    picks = torch.randint(len(convs), (batch_size,), generator=generator).tolist()
-    parts = []
-    for idx in picks:
-        conv = convs[idx]
-        n_pos = conv.hidden.shape[0] - 1
-        latest = max(0, n_pos - seq_len)
-        # answers longer than the window: a random window inside the answer
-        lo = min(latest, max(0, conv.prompt_length - 2))
-        start = latest if lo >= latest else int(torch.randint(lo, latest + 1, (1,), generator=generator))
-        parts.append(window(conv, start, seq_len))
-    return collate(parts)
+    """`batch_size` random windows (`random_window`)."""
+    return collate([random_window(convs, seq_len, generator) for _ in range(batch_size)])
+
+
+def length_grouped_batches(
+    convs: list[Conversation], batch_size: int, seq_len: int, generator: torch.Generator, pool: int = 16
+) -> Iterator[Batch]:
+    """Endless random batches that pad little: `pool` batches' worth of random windows are drawn at once, sorted
+    by length, cut into batches and served in random order. Each window is still drawn uniformly (with
+    replacement); only which windows share a batch changes. `pool=1`: plain random batches."""
+    while True:
+        parts = sorted((random_window(convs, seq_len, generator) for _ in range(pool * batch_size)),
+                       key=lambda part: part["input_ids"].shape[0])
+        for i in torch.randperm(pool, generator=generator).tolist():
+            yield collate(parts[i * batch_size : (i + 1) * batch_size])
 
 
 def collate(parts: list[dict[str, torch.Tensor]]) -> Batch:
@@ -169,17 +183,40 @@ def drafter_losses(
     unroll_decay: float = 0.8,
 ) -> dict[str, torch.Tensor]:
     """Regression, CE and router losses of one batch (0-dim tensors, weighted means over the unrolled steps)
-    and the batch's top-1 accuracy (step 1)."""
+    and the batch's top-1 accuracy (step 1).
+
+    The LM head runs on `head_positions` positions sampled once per batch among those every step can score
+    (valid at the deepest step), so the target's distribution there (the same at every step: h_{j+1} ->
+    x_{j+2}) is computed once, not once per step: at 262k tokens that head is most of a step's cost."""
     steps = unrolled_steps(drafter, batch, unroll)
+    scored = steps[-1][2].nonzero(as_tuple=True)  # positions valid at the deepest step
+    pick = torch.randperm(scored[0].numel(), generator=generator)[:head_positions]
+    sel = (scored[0][pick], scored[1][pick])  # (k,) rows and columns of the scored positions
+    targets = head_targets(drafter, batch.target_hidden[sel])
     scale = [unroll_decay**s for s in range(len(steps))]
     parts: dict[str, torch.Tensor] = {}
     for weight, (features, router_logits, valid) in zip(scale, steps):
-        step_parts = step_losses(drafter, batch, features, router_logits, valid, head_positions, router_top_l,
-                                 soft_targets, generator)
+        step_parts = step_losses(drafter, batch, features, router_logits, valid, sel, targets, router_top_l,
+                                 soft_targets)
         parts.setdefault("top1", step_parts.pop("top1"))
         for key, value in step_parts.items():
             parts[key] = parts.get(key, 0) + weight * value / sum(scale)
     return parts
+
+
+@dataclass
+class HeadTargets:
+    """The target's next-token distribution at the scored positions, shared by every unrolled step."""
+
+    probs: torch.Tensor  # (k, V) softmax of the target's logits
+    token: torch.Tensor  # (k,) its greedy token
+
+
+@torch.no_grad()
+def head_targets(drafter, target_hidden: torch.Tensor) -> HeadTargets:
+    """target_hidden (k, d) = h_{j+1} at the scored positions -> the target's distribution for x_{j+2}."""
+    logits = drafter.dense_logits(target_hidden.to(drafter.fc.weight.dtype))  # (k, V)
+    return HeadTargets(logits.softmax(-1), logits.argmax(-1))
 
 
 def step_losses(
@@ -188,28 +225,24 @@ def step_losses(
     features: torch.Tensor,
     router_logits: torch.Tensor,
     valid_mask: torch.Tensor,
-    head_positions: int,
+    sel: tuple[torch.Tensor, torch.Tensor],
+    targets: HeadTargets,
     router_top_l: int,
     soft_targets: bool,
-    generator: torch.Generator,
 ) -> dict[str, torch.Tensor]:
-    """Losses of one draft step: features (B, T, d) against h_{j+1}, the LM head on a sample of positions."""
+    """Losses of one draft step: features (B, T, d) against h_{j+1} at every valid position, the LM head at
+    the scored positions `sel` ((k,) rows, (k,) columns)."""
     valid = valid_mask.nonzero(as_tuple=True)
     feats = features[valid]  # (n, d)
-    targets = batch.target_hidden.to(feats.dtype)[valid]  # (n, d)
-    regression = F.smooth_l1_loss(feats, targets)
-    sel = torch.randperm(feats.shape[0], generator=generator)[:head_positions]
-    logits = drafter.dense_logits(feats[sel])  # (k, V)
-    with torch.no_grad():
-        target_logits = drafter.dense_logits(targets[sel])  # (k, V)
-        target_token = target_logits.argmax(-1)  # (k,)
+    regression = F.smooth_l1_loss(feats, batch.target_hidden.to(feats.dtype)[valid])
+    logits = drafter.dense_logits(features[sel])  # (k, V)
     if soft_targets:
-        ce = -(target_logits.softmax(-1) * logits.log_softmax(-1)).sum(-1).mean()
+        ce = -(targets.probs * logits.log_softmax(-1)).sum(-1).mean()
     else:
-        ce = F.cross_entropy(logits, target_token)
-    labels = router_labels(drafter.clusters.cluster_of_token, logits.detach(), target_token, router_top_l)
-    router = F.binary_cross_entropy_with_logits(router_logits[valid][sel], labels)
-    top1 = (logits.argmax(-1) == target_token).float().mean()
+        ce = F.cross_entropy(logits, targets.token)
+    labels = router_labels(drafter.clusters.cluster_of_token, logits.detach(), targets.token, router_top_l)
+    router = F.binary_cross_entropy_with_logits(router_logits[sel], labels)
+    top1 = (logits.argmax(-1) == targets.token).float().mean()
     return {"regression": regression, "ce": ce, "router": router, "top1": top1.detach()}
 
 
@@ -319,6 +352,7 @@ def train_drafter(
     eval_every: int = 0,
     eval_positions: int = 2048,
     router_only: bool = False,
+    length_pool: int = 16,
 ) -> dict[str, Any]:
     """Train `drafter` (bound to `target`) for `steps` steps in all (a resumed run continues from the saved
     step up to `steps`). `data_dir`: one dataset folder or several (each split into train / held-out on its
@@ -328,12 +362,16 @@ def train_drafter(
     CUDA autocast (weights and optimizer stay fp32). `eval_every` > 0 records a learning curve: held-out top-1 at
     depths 1..max(unroll, 3) every that many steps, against steps and training positions seen, kept in
     `trainer_state.json` ("curve") across resumes. `router_only` trains the router alone (its loss only, every
-    other parameter frozen): for a drafter whose layer was trained elsewhere (an imported EAGLE-3 checkpoint). Returns {"step", "losses" (this call's per-step totals),
+    other parameter frozen): for a drafter whose layer was trained elsewhere (an imported EAGLE-3 checkpoint).
+    `length_pool` batches are drawn at once and grouped by length (`length_grouped_batches`; 1: no grouping).
+    Returns {"step", "losses" (this call's per-step totals),
     "start_step", "tokens_per_s", "curve", "eval": evaluate_drafter(...) on the held-out conversations}."""
     weights = weights or LossWeights()
     warmup = max(1, steps // 20) if warmup is None else warmup
     if unroll < 1:
         raise ValueError(f"unroll must be >= 1 (draft steps trained per position), got {unroll}.")
+    if length_pool < 1:
+        raise ValueError(f"length_pool must be >= 1 (batches drawn at once and grouped by length), got {length_pool}.")
     drafter.bind(target)
     train, heldout, sizes = load_split(data_dir, heldout_fraction, seed)
     check_data_layers(train, drafter.config.feature_layer_ids)
@@ -351,6 +389,7 @@ def train_drafter(
     seen_before = int(saved.get("positions_seen", 0)) if saved else 0
     history: list[float] = []
     generator = torch.Generator().manual_seed(seed + start)
+    stream = length_grouped_batches(train, batch_size, seq_len, generator, length_pool)
     drafter.train()
     tokens, t0 = 0, time.perf_counter()
     with frozen(target):
@@ -358,7 +397,7 @@ def train_drafter(
         for step in bar:
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, steps, lr, warmup)
-            batch = sample_batch(train, batch_size, seq_len, generator)
+            batch = next(stream)
             with torch.autocast(drafter.fc.weight.device.type, dtype=autocast_dtype or torch.bfloat16,
                                 enabled=autocast_dtype is not None):
                 parts = drafter_losses(drafter, batch, head_positions, router_top_l, soft_targets, generator,
@@ -377,7 +416,7 @@ def train_drafter(
                 curve.append(curve_point(drafter, heldout or train[:1], seq_len, done, seen, unroll, eval_positions))
                 drafter.train()
             if done % ckpt_every == 0 or done == steps:
-                state = _state(done, lr, batch_size, seq_len, history, start, unroll)
+                state = _state(done, lr, batch_size, seq_len, history, start, unroll) | {"length_pool": length_pool}
                 save_checkpoint(ckpt, drafter, optimizer,
                                 state | {"curve": curve, "positions_seen": seen, "data_conversations": sizes})
     drafter.eval()
