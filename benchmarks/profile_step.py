@@ -4,7 +4,7 @@ prompt, after a warm-up of each, with the functions that took the most time of t
 The bench's shares (draft / extend / verify) say which phase costs; this says what inside it does (a target
 forward, the tree mask, cache copies, the walk, Python bookkeeping), to find overhead worth removing.
 
-    OMP_NUM_THREADS=2 python benchmarks/profile_step.py --drafter drafters/smollm2-135m-instruct-eagle3 \
+    OMP_NUM_THREADS=2 python benchmarks/profile_step.py --drafter drafters/smollm2-135m-instruct \
         --question-id 81 --settings '{"lookup_num_tokens": 0}'
 """
 

@@ -21,9 +21,12 @@ SHIPPED = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-in
 def test_shipped_drafter_loads_and_fits_a_smollm2_shaped_target():
     drafter = DynaSpecDrafter.from_pretrained(SHIPPED)
     assert drafter.config.vocab_size == 49152 and drafter.config.hidden_size == 576
+    assert drafter.config.drafter_architecture == "eagle3"  # servable by vLLM / SGLang (`hf-dynaspec export`)
     assert drafter.generation_config.tree_policy in ("eagle2", "dyspec", "chain")
     torch.manual_seed(0)
-    fake = LlamaForCausalLM(LlamaConfig(**drafter.config.target_config | {"num_hidden_layers": 1})).eval()
+    layers = max(drafter.config.target_layer_ids) + 1  # just deep enough for the three layers it reads
+    small = {"num_hidden_layers": layers, "intermediate_size": 64}  # the drafter reads widths, not the MLP size
+    fake = LlamaForCausalLM(LlamaConfig(**drafter.config.target_config | small)).eval()
     drafter.bind(fake)
     assert drafter.fc.weight.dtype == torch.float32  # converted to the target's dtype at bind
     ids = torch.tensor([[1, 504, 3458, 314, 7792, 30]])

@@ -5,7 +5,8 @@ Every number comes from the run's `results.json` (and `early-exit/results.json` 
 so the summary cannot drift from the measurements.
 
     python recipes/smollm2/summarize.py --bench benchmarks/results/cpu-smollm2-full
-    python recipes/smollm2/summarize.py --bench benchmarks/results/cpu-smollm2-eagle3-stage3 --readme
+    python recipes/smollm2/summarize.py --bench benchmarks/results/cpu-smollm2-eagle3-stage3 \
+        --previous benchmarks/results/cpu-smollm2-full --readme
 """
 
 from __future__ import annotations
@@ -173,6 +174,23 @@ def summary_text(bench: Path) -> str:
     ])
 
 
+def previous_text(bench: Path, previous: Path) -> str:
+    """Accepted lengths of this run's drafter and of a previous one (another run) on the prompts both measured,
+    with and without the lookup branch. Speeds are not compared: the runs may come from other machines."""
+    runs = [json.loads((folder / "results.json").read_text()) for folder in (bench, previous)]
+    shared = set.intersection(*({r["question_id"] for r in run["records"] if r["method"] == "plain"} for run in runs))
+    cells = []
+    for method, label in (("dynaspec", "with the lookup branch"), ("dynaspec[lookup_num_tokens=0]", "without")):
+        kept = [[SpeculativeStats.from_dict(r["stats"]) for r in run["records"]
+                 if r["method"] == method and r["question_id"] in shared] for run in runs]
+        if all(kept):
+            now, before = (SpeculativeStats.merged(k).mean_accepted_length for k in kept)
+            cells.append(f"{now:.2f} against {before:.2f} {label}")
+    return (f"On the {len(shared)} prompts that `{previous.as_posix()}` (the previous drafter, on "
+            f"{runs[1]['meta']['machine']}) also measured, the accepted length is {' and '.join(cells)}; speeds are "
+            "not compared across the two runs.")
+
+
 def quality_text(folder: Path) -> str:
     """One paragraph from a `hf-dynaspec quality` run (results.json): sampled accuracy of both methods with
     their intervals, the McNemar test, greedy text agreement."""
@@ -196,10 +214,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bench", type=Path, required=True, help="folder of a bench run (results.json)")
     parser.add_argument("--quality", type=Path, default=None, help="folder of a `hf-dynaspec quality` run")
+    parser.add_argument("--previous", type=Path, default=None,
+                        help="bench folder of the drafter this one replaced: accepted lengths on the shared prompts")
     parser.add_argument("--readme", action="store_true",
                         help=f"also write the summary into README.md (generated block `{README_BLOCK}`)")
     args = parser.parse_args()
     text = summary_text(args.bench)
+    if args.previous is not None:
+        text += "\n\n" + previous_text(args.bench, args.previous)
     if args.quality is not None:
         text += "\n\n" + quality_text(args.quality)
     if args.readme:
