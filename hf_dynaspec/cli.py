@@ -30,7 +30,7 @@ from . import __version__, bench, quality, sharing
 from .configuration import ARCHITECTURES, eagle3_layer_ids
 from .cpu import is_prepared_for_cpu, prepare_for_cpu
 from .generation.config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecGenerationConfig
-from .interchange import FORMATS, export_eagle3, load_eagle3, shortlist_counts_on_data
+from .interchange import DEFAULT_DRAFT_VOCAB, FORMATS, export_eagle3, load_eagle3, shortlist_counts_on_data
 from .modeling import DynaSpecDrafter
 from .targets import PROMPT_FORMATS, encode_prompt, load_target
 from .training import frequent_tokens, load_prompts, train_drafter
@@ -170,8 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target(exp)
     exp.add_argument("--format", choices=FORMATS, default="eagle3",
                      help="eagle3: vLLM and SGLang; speculators: vLLM's speculators layout")
-    exp.add_argument("--draft-vocab-size", type=int, default=32768,
-                     help="tokens of the static draft vocabulary (the servers run no router)")
+    exp.add_argument("--draft-vocab-size", type=int, default=None,
+                     help="tokens of the static draft vocabulary (the servers run no router); default: "
+                          f"{DEFAULT_DRAFT_VOCAB:,} with --data, else all of the drafter's static shortlist")
     exp.add_argument("--data", action="append", default=None,
                      help="feature folder(s) (`features`): the draft vocabulary = the tokens the drafter's dynamic "
                           "shortlists held most often there; default: the drafter's static shortlist")

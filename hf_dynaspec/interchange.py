@@ -80,6 +80,7 @@ from .training.trainer import check_data_layers
 # SGLang's class name; vLLM's registry maps it to Eagle3LlamaForCausalLM
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 FORMATS = ("eagle3", "speculators")
+DEFAULT_DRAFT_VOCAB = 32768  # draft tokens chosen from counts when no size is given (FR-Spec's usual size)
 LAYER_PREFIX = {"eagle3": "midlayer.", "speculators": "layers.0."}
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -137,33 +138,39 @@ def shortlist_counts_on_data(drafter: DynaSpecDrafter, data_dirs: list[str], max
 
 
 def draft_vocabulary(
-    drafter: DynaSpecDrafter, draft_vocab_size: int, token_counts: torch.Tensor | None = None
+    drafter: DynaSpecDrafter, draft_vocab_size: int | None = None, token_counts: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """(N,) ascending target ids: the `draft_vocab_size` most frequent tokens of `token_counts` (ties: lower id)
-    with the EOS ids always in, or without counts the drafter's static shortlist (EOS included)."""
-    vocab_size, eos = drafter.config.vocab_size, sorted(set(drafter.config.always_include_ids))
+    """(N,) ascending target ids, the EOS ids always in. With `token_counts` (V,): the `draft_vocab_size` (default
+    `DEFAULT_DRAFT_VOCAB`) most frequent tokens (ties: lower id). Without: the drafter's static shortlist (ranked,
+    most frequent first), all of it or its first `draft_vocab_size` tokens."""
+    vocab_size, eos = drafter.config.vocab_size, torch.tensor(sorted(set(drafter.config.always_include_ids)))
     if token_counts is None:
         if drafter.static_token_ids.numel() == 0:
             raise ValueError(
                 "export_eagle3 needs `token_counts` (e.g. `shortlist_token_counts(drafter, features, tokens)`) or a "
                 "drafter with a static shortlist (`drafter.set_static_shortlist(ids)`) to choose the draft vocabulary."
             )
-        ids = torch.cat([drafter.static_token_ids.cpu(), torch.tensor(eos, dtype=torch.long)]).unique()
-        if ids.numel() > draft_vocab_size:
+        ranked = drafter.static_token_ids.cpu()
+        available = int(torch.cat([ranked, eos]).unique().numel())
+        size = available if draft_vocab_size is None else draft_vocab_size
+        if size > available:
             raise ValueError(
-                f"The static shortlist has {ids.numel()} tokens (EOS included), more than draft_vocab_size="
-                f"{draft_vocab_size}: raise draft_vocab_size or pass token_counts."
+                f"draft_vocab_size={size}, but the drafter's static shortlist holds {available} tokens (EOS "
+                f"included): pass a size up to {available}, or token counts to choose more (`hf-dynaspec export "
+                "--data FEATURES`: the tokens the drafter's dynamic shortlists held most often there)."
             )
-        return ids
-    if token_counts.shape != (vocab_size,):
-        raise ValueError(
-            f"token_counts must be a ({vocab_size},) tensor, got shape {tuple(token_counts.shape)}."
-        )
-    if not len(eos) <= draft_vocab_size <= vocab_size:
-        raise ValueError(f"draft_vocab_size must be in [{len(eos)}, {vocab_size}], got {draft_vocab_size}.")
-    order = torch.argsort(-token_counts.cpu().to(torch.float64), stable=True)  # most frequent first
-    rest = order[~torch.isin(order, torch.tensor(eos, dtype=torch.long))][: draft_vocab_size - len(eos)]
-    return torch.cat([rest, torch.tensor(eos, dtype=torch.long)]).sort().values
+        order = ranked
+    else:
+        if token_counts.shape != (vocab_size,):
+            raise ValueError(f"token_counts must be a ({vocab_size},) tensor, got shape {tuple(token_counts.shape)}.")
+        size = DEFAULT_DRAFT_VOCAB if draft_vocab_size is None else draft_vocab_size
+        if size > vocab_size:
+            raise ValueError(f"draft_vocab_size must be at most the vocabulary, {vocab_size}, got {size}.")
+        order = torch.argsort(-token_counts.cpu().to(torch.float64), stable=True)  # most frequent first
+    if size < eos.numel():
+        raise ValueError(f"draft_vocab_size must hold at least the {eos.numel()} EOS ids, got {size}.")
+    rest = order[~torch.isin(order, eos)][: size - eos.numel()]
+    return torch.cat([rest, eos]).sort().values
 
 
 def vocabulary_maps(draft_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -334,14 +341,15 @@ def export_eagle3(
     drafter: DynaSpecDrafter,
     target: PreTrainedModel,
     out_dir: str | os.PathLike,
-    draft_vocab_size: int = 32768,
+    draft_vocab_size: int | None = None,
     token_counts: torch.Tensor | None = None,
     format: str = "eagle3",
     speculative_tokens: int = 3,
 ) -> Path:
     """Write `drafter` (EAGLE-3 architecture, bound to `target`) as an EAGLE-3 draft model folder: config.json and
-    model.safetensors (see the module docstring). The draft vocabulary is the `draft_vocab_size` most frequent
-    tokens of `token_counts` (V,) plus the EOS ids, or, without counts, the drafter's static shortlist.
+    model.safetensors (see the module docstring). The draft vocabulary (`draft_vocabulary`) is the
+    `draft_vocab_size` most frequent tokens of `token_counts` (V,) plus the EOS ids, or, without counts, the
+    drafter's static shortlist (all of it, or its first `draft_vocab_size` tokens).
     `format`: "eagle3" (vLLM and SGLang) or "speculators" (vLLM). Returns the folder."""
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}.")

@@ -341,8 +341,14 @@ def test_shortlist_counts_and_vocabulary_by_counts(target, drafter, tmp_path):
 def test_export_needs_counts_or_a_static_shortlist(target, tmp_path):
     with pytest.raises(ValueError, match="token_counts"):
         export_eagle3(tiny_drafter(target), target, tmp_path)
-    with pytest.raises(ValueError, match="draft_vocab_size"):
-        export_eagle3(perturbed_drafter(target), target, tmp_path, draft_vocab_size=10)
+    drafter = perturbed_drafter(target)
+    ranked = drafter.static_token_ids.tolist()  # most frequent first
+    available = len({*ranked, EOS})
+    with pytest.raises(ValueError, match=f"holds {available} tokens"):  # a size the shortlist cannot fill
+        export_eagle3(drafter, target, tmp_path, draft_vocab_size=available + 1)
+    folder = export_eagle3(drafter, target, tmp_path, draft_vocab_size=10)  # its 9 first tokens + EOS
+    vocab = (torch.arange(10) + load_file(folder / "model.safetensors")["d2t"]).tolist()
+    assert vocab == sorted({EOS, *[t for t in ranked if t != EOS][:9]})
 
 
 def test_layer_id_conventions(target, tmp_path):
