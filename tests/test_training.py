@@ -475,3 +475,17 @@ def test_the_targets_head_runs_once_per_batch_whatever_the_unroll(tiny, eagle3_d
     parts = drafter_losses(drafter, batch, 8, 4, True, torch.Generator().manual_seed(1), unroll=3)
     assert len(calls) == 4 and len(set(calls)) == 1  # the same scored positions at every step
     assert all(torch.isfinite(parts[k]) for k in ("ce", "router", "regression"))
+
+
+def test_a_batch_no_unrolled_step_can_score_is_refused(tiny, eagle3_dataset):
+    from dataclasses import replace
+
+    from hf_dynaspec.training.trainer import drafter_losses, sample_batch
+
+    target, _ = tiny
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture="eagle3").bind(target)
+    batch = sample_batch(load_dataset(eagle3_dataset), 2, 64, torch.Generator().manual_seed(0))
+    early = torch.zeros_like(batch.valid)
+    early[:, 0] = True  # only position 0 counts: step 2 cannot score it
+    with pytest.raises(ValueError, match="smaller --unroll"):
+        drafter_losses(drafter, replace(batch, valid=early), 8, 4, True, torch.Generator().manual_seed(1), unroll=2)

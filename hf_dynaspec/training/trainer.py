@@ -190,6 +190,11 @@ def drafter_losses(
     x_{j+2}) is computed once, not once per step: at 262k tokens that head is most of a step's cost."""
     steps = unrolled_steps(drafter, batch, unroll)
     scored = steps[-1][2].nonzero(as_tuple=True)  # positions valid at the deepest step
+    if scored[0].numel() == 0:
+        raise ValueError(
+            f"No answer position of this batch can be scored at draft step {len(steps)}: its answers start too "
+            "early in their windows for that many unrolled steps. Use a smaller --unroll or longer prompts."
+        )
     pick = torch.randperm(scored[0].numel(), generator=generator)[:head_positions]
     sel = (scored[0][pick], scored[1][pick])  # (k,) rows and columns of the scored positions
     targets = head_targets(drafter, batch.target_hidden[sel])
