@@ -69,7 +69,7 @@ def speed_conditions(overall: dict[str, Summary]) -> list[Condition]:
     return out
 
 
-def static_conditions(bench: list[Summary], code: list[Summary], vocab: int) -> list[Condition]:
+def static_conditions(bench: list[Summary], code: list[Summary]) -> list[Condition]:
     """Against the equal-size static shortlist (categories, code slice, speed) and the 32k one."""
     overall = by_method(bench)
     dyn, equal, big = overall.get("dynaspec"), find_method(overall, "static"), overall.get("static")
@@ -157,7 +157,7 @@ def conditions(bench_dir: Path, code_dir: Path | None) -> tuple[list[Condition],
     mismatches = sum(not r["matches_plain"] for r in speculative)
     found = [Condition("greedy output identical to plain greedy", "every prompt",
                        f"{mismatches} mismatches over {len(speculative)} speculative runs", mismatches == 0)]
-    found += speed_conditions(overall) + static_conditions(bench, code, vocab) + [recovery_condition(overall, vocab)]
+    found += speed_conditions(overall) + static_conditions(bench, code) + [recovery_condition(overall, vocab)]
     modes, best = mode_conditions(overall)
     return found + modes, best, mode_table(bench, code)
 
