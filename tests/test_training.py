@@ -419,12 +419,12 @@ def test_batches_pad_to_their_longest_window_and_padding_changes_no_loss(tiny, e
     (right padding, causal attention), so the losses equal those of a batch padded to the full window."""
     from dataclasses import replace
 
-    from hf_dynaspec.training.trainer import drafter_losses, sample_batch
+    from hf_dynaspec.training.trainer import drafter_losses, length_grouped_batches
 
     target, _ = tiny
     convs = load_dataset(eagle3_dataset)
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture="eagle3").bind(target).eval()
-    batch = sample_batch(convs, 3, 64, torch.Generator().manual_seed(0))
+    batch = next(length_grouped_batches(convs, 3, 64, torch.Generator().manual_seed(0), pool=1))
     assert batch.input_ids.shape[1] < 64
     assert bool((batch.position_ids[:, -1] > 0).any())  # the longest window fills the last column
 
@@ -464,11 +464,11 @@ def test_length_grouped_batches_keep_the_drawn_windows_and_group_them_by_length(
 def test_the_targets_head_runs_once_per_batch_whatever_the_unroll(tiny, eagle3_dataset):
     """The target's distribution at the scored positions is shared by every unrolled step: unroll + 1 head
     calls per batch (one per step for the drafter, one for the target), not 2 x unroll."""
-    from hf_dynaspec.training.trainer import drafter_losses, sample_batch
+    from hf_dynaspec.training.trainer import drafter_losses, length_grouped_batches
 
     target, _ = tiny
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture="eagle3").bind(target)
-    batch = sample_batch(load_dataset(eagle3_dataset), 2, 64, torch.Generator().manual_seed(0))
+    batch = next(length_grouped_batches(load_dataset(eagle3_dataset), 2, 64, torch.Generator().manual_seed(0), pool=1))
     calls = []
     dense = drafter.dense_logits
     drafter.dense_logits = lambda h: calls.append(h.shape[0]) or dense(h)
@@ -480,11 +480,11 @@ def test_the_targets_head_runs_once_per_batch_whatever_the_unroll(tiny, eagle3_d
 def test_a_batch_no_unrolled_step_can_score_is_refused(tiny, eagle3_dataset):
     from dataclasses import replace
 
-    from hf_dynaspec.training.trainer import drafter_losses, sample_batch
+    from hf_dynaspec.training.trainer import drafter_losses, length_grouped_batches
 
     target, _ = tiny
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture="eagle3").bind(target)
-    batch = sample_batch(load_dataset(eagle3_dataset), 2, 64, torch.Generator().manual_seed(0))
+    batch = next(length_grouped_batches(load_dataset(eagle3_dataset), 2, 64, torch.Generator().manual_seed(0), pool=1))
     early = torch.zeros_like(batch.valid)
     early[:, 0] = True  # only position 0 counts: step 2 cannot score it
     with pytest.raises(ValueError, match="smaller --unroll"):

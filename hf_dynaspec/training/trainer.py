@@ -98,11 +98,6 @@ def random_window(convs: list[Conversation], seq_len: int, generator: torch.Gene
     return window(conv, start, seq_len)
 
 
-def sample_batch(convs: list[Conversation], batch_size: int, seq_len: int, generator: torch.Generator) -> Batch:
-    """`batch_size` random windows (`random_window`)."""
-    return collate([random_window(convs, seq_len, generator) for _ in range(batch_size)])
-
-
 def length_grouped_batches(
     convs: list[Conversation], batch_size: int, seq_len: int, generator: torch.Generator, pool: int = 16
 ) -> Iterator[Batch]:

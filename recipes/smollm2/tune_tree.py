@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import torch
+from summarize import TREE_TUNING  # recipes/smollm2/summarize.py, beside this script
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.bench import (
@@ -106,7 +107,7 @@ def main() -> None:
         for key, value in method_settings(best).items():
             setattr(config, key, value)
         config.save_pretrained(args.drafter)
-        (args.drafter / "tree_tuning.json").write_text(json.dumps({"meta": meta, "candidates": rows}, indent=1) + "\n")
+        (args.drafter / TREE_TUNING).write_text(json.dumps({"meta": meta, "candidates": rows}, indent=1) + "\n")
         print(f"wrote {best} into {args.drafter}/generation_config.json")
 
 
