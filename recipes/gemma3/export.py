@@ -1,11 +1,16 @@
 """Export the trained Gemma 3 270M drafter into drafters/gemma-3-270m/ (bf16 safetensors, configs, the target's
 tokenizer, model card with the measured comparison and the Gemma terms).
 
+`--weights-only` writes the weights, configs, tokenizer and tree evidence before the bench, so the bench measures
+the very bf16 weights that ship (the drafter runs in its target's dtype, so it decodes from bf16-rounded weights);
+the full export after the bench rewrites the same weights (bf16 -> fp32 -> bf16 is exact) with the card.
+
 The default shortlist mode is the fastest of router, in-context and union on the Spec-Bench run, as
 `summarize.py` names it (`conditions.json` in the run's folder); the default tree and k0 / k1 are those the tuning
 stage wrote into the checkpoint's generation config. The card's sections come from `training.md` beside this
 script and from the runs' generated files, never typed in.
 
+    python recipes/gemma3/export.py --ckpt runs/gemma3/ckpt --weights-only
     python recipes/gemma3/export.py --ckpt runs/gemma3/ckpt --bench benchmarks/results/cpu-gemma3-270m \
         --code benchmarks/results/cpu-gemma3-270m-code
 """
@@ -59,14 +64,21 @@ def main() -> None:
     parser.add_argument("--bench", type=Path, default=ROOT / "benchmarks/results/cpu-gemma3-270m")
     parser.add_argument("--code", type=Path, default=ROOT / "benchmarks/results/cpu-gemma3-270m-code")
     parser.add_argument("--out", type=Path, default=ROOT / "drafters/gemma-3-270m")
+    parser.add_argument("--weights-only", action="store_true",
+                        help="write the weights, configs and tokenizer for the bench to measure; no card yet")
     args = parser.parse_args()
     _, tokenizer = load_target("gemma3")
     drafter = DynaSpecDrafter.from_pretrained(args.ckpt)
-    fields = drafter.generation_config.speculative_fields() | default_mode(args.bench)
+    fields = drafter.generation_config.speculative_fields()
+    if not args.weights_only:
+        fields |= default_mode(args.bench)
     drafter.generation_config = DynaSpecGenerationConfig(**fields)
     drafter.to(torch.bfloat16).save_pretrained(args.out, tokenizer=tokenizer)
     if (args.ckpt / TREE_TUNING).is_file():  # the evidence for the default tree (tune_tree.py --write)
         (args.out / TREE_TUNING).write_text((args.ckpt / TREE_TUNING).read_text())
+    if args.weights_only:
+        print(f"weights written to {args.out}; bench them, then export again without --weights-only")
+        return
     build_card(drafter, TARGET_WEIGHTS, "gemma", sections(args.bench, args.code)).save(args.out / "README.md")
     print(f"exported to {args.out}: {sorted(p.name for p in args.out.iterdir())}")
 

@@ -16,6 +16,7 @@ K1=${K1:-4}
 STEPS=${STEPS:-3000}
 UNROLL=${UNROLL:-4}
 LIMIT=${LIMIT:-10}  # Spec-Bench prompts per category (130 in all)
+SHIP=${SHIP:-drafters/gemma-3-270m}  # the shipped drafter: its bf16 weights are what the bench measures
 OUT=${OUT:-benchmarks/results/cpu-gemma3-270m}  # committed results: Spec-Bench here, the code slice in $OUT-code
 export OMP_NUM_THREADS=2
 mkdir -p "$RUN"
@@ -63,20 +64,21 @@ dynaspec[num_draft_nodes=8,draft_depth=5,draft_top_k=3,min_draft_prob=0.1],dynas
 dynaspec[num_draft_nodes=16,draft_depth=6,draft_top_k=4,min_draft_prob=0.05],dynaspec[$BIG],\
 dynaspec[$TREE,shortlist_k0=4,shortlist_k1=2],dynaspec[$BIG,shortlist_k0=4,shortlist_k1=2]"
 
-# 7. the comparison: plain, DynaSpec, the same tree with the full head, a static shortlist of DynaSpec's mean size
+# 7. the shipped bf16 weights first, so the bench measures what ships; then the comparison: plain, DynaSpec, the same tree with the full head, a static shortlist of DynaSpec's mean size
 #    (from the tuning run) and of 32,768 tokens, the in-context shortlist with a 2,048-token core, the union;
 #    the main ones also without the lookup branch. Spec-Bench first, then the held-out code slice.
 SIZE=$(python -c "import json, sys; t = json.load(open(sys.argv[1])); \
 print(round(next(r['mean_shortlist_size'] for r in t['candidates'] if r['method'] == t['meta']['chosen'])))" \
     "$RUN/tune/tune.json")
+stage ship-weights python recipes/gemma3/export.py --ckpt "$RUN/ckpt" --out "$SHIP" --weights-only
 METHODS="plain,dynaspec,full,static[static_size=$SIZE],static,context[static_size=2048],union,\
 dynaspec[lookup_num_tokens=0],full[lookup_num_tokens=0]"
-stage bench hf-dynaspec bench --target gemma3 --drafter "$RUN/ckpt" --limit "$LIMIT" --prompt-format qa \
+stage bench hf-dynaspec bench --target gemma3 --drafter "$SHIP" --limit "$LIMIT" --prompt-format qa \
     --threads 2 --methods "$METHODS" --out "$OUT"
-stage bench-code hf-dynaspec bench --target gemma3 --drafter "$RUN/ckpt" --prompts data/code_slice.jsonl \
+stage bench-code hf-dynaspec bench --target gemma3 --drafter "$SHIP" --prompts data/code_slice.jsonl \
     --prompt-format plain --threads 2 --methods "$METHODS" --out "$OUT-code"
 stage summarize python recipes/gemma3/summarize.py --bench "$OUT" --code "$OUT-code"
 
 # 8. ship: drafters/gemma-3-270m (bf16), default shortlist mode = the fastest of router / in-context / union on
 #    Spec-Bench, model card from the generated files
-stage export python recipes/gemma3/export.py --ckpt "$RUN/ckpt" --bench "$OUT" --code "$OUT-code"
+stage export python recipes/gemma3/export.py --ckpt "$RUN/ckpt" --out "$SHIP" --bench "$OUT" --code "$OUT-code"
