@@ -8,33 +8,45 @@ For a shortlist holding `fraction` of the V rows it times, in fp32:
 - segmented: hf_dynaspec.ops.segmented_lm_head on a cluster-sorted layout: V split into M=64
              equal contiguous clusters, fraction * M random clusters selected (adjacent ones merge);
 - static:    the shortlist rows copied once into a contiguous matrix, then hidden @ W_s.T
-             (the best case a fixed shortlist can reach; the copy is not timed).
+             (the best case a fixed shortlist can reach; the copy is not timed);
+- dense^T:   the whole vocabulary with the weight laid out transposed, hidden @ W_t (W_t: (d, V) contiguous),
+             the other layout verification may choose for the target's own rows.
 
-Reported: median time (ms), time / ideal, and gathered / static and segmented / static.
+Reported: median time (ms), time / ideal, and gathered / static and segmented / static. With `--target NAME`
+the weight is the real target's LM head, and one plain decoding step of that target (one token after 128 of
+context, its full-vocabulary head included) is timed in the same run, so every head cost is also given as a
+share of a decoding step. `--out DIR` writes results.json and results.md.
 
     python benchmarks/bench_head.py --shapes smollm            # ~1 min on one CPU core
     python benchmarks/bench_head.py --shapes all --quick       # llama3 shape needs ~4 GB of RAM
+    python benchmarks/bench_head.py --shapes gemma3 --target gemma3 --threads 2 --positions 1 2 4 8 \
+        --out benchmarks/results/cpu-gemma3-head               # Gemma 3 270M's 262,144 x 640 head, ~3 min
     python benchmarks/bench_head.py --shapes all --device cuda --dtype bfloat16 --positions 1 8 32 64  # GPU, < 3 min
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a source checkout
 
+from hf_dynaspec.bench import machine_description  # noqa: E402
 from hf_dynaspec.ops import gathered_lm_head, resolve_head_backend, segmented_lm_head  # noqa: E402
 
-SHAPES: dict[str, tuple[int, int]] = {"smollm": (49152, 576), "llama3": (128256, 4096)}
+SHAPES: dict[str, tuple[int, int]] = {"smollm": (49152, 576), "llama3": (128256, 4096), "gemma3": (262144, 640)}
+TARGET_SHAPES = {"smollm2": "smollm", "gemma3": "gemma3"}  # --target NAME: the shape its head has
 FRACTIONS: tuple[int, ...] = (2, 4, 8, 16)  # shortlist = V / fraction
+# at 262k tokens the shortlists that matter are smaller: 1/8 = 32,768 (FR-Spec's usual size) down to 1/64 (4,096)
+SHAPE_FRACTIONS: dict[str, tuple[int, ...]] = {"gemma3": (8, 16, 32, 64)}
 POSITIONS: tuple[int, ...] = (1, 8)
 NUM_CLUSTERS = 64
 
@@ -49,6 +61,7 @@ class Row:
     index_select_ms: float
     segmented_ms: float
     static_ms: float
+    dense_t_ms: float
 
 
 def median_ms(fn: Callable[[], object], repeats: int, warmup: int, device: torch.device) -> float:
@@ -83,6 +96,7 @@ def bench_case(
     ids = torch.randperm(vocab, generator=gen)[: vocab // fraction].to(device)  # (S,)
     starts, ends = random_clusters(vocab, fraction, gen)
     static_rows = weight[ids].contiguous()  # (S, d), made once
+    weight_t = weight.T.contiguous()  # (d, V), made once
 
     tol = 1e-4 if weight.dtype == torch.float32 else 2e-2  # bf16/fp16: output rounding of the dtype
     torch.testing.assert_close(
@@ -101,6 +115,7 @@ def bench_case(
         index_select_ms=timed(lambda: hidden @ weight.index_select(0, ids).T),
         segmented_ms=timed(lambda: segmented_lm_head(hidden, weight, starts, ends)),
         static_ms=timed(lambda: hidden @ static_rows.T),
+        dense_t_ms=timed(lambda: hidden @ weight_t),
     )
     return row
 
@@ -112,7 +127,7 @@ def format_row(row: Row) -> str:
         f"{row.gathered_ms:>9.3f} {row.gathered_ms / ideal:>6.2f}x {row.gathered_ms / row.static_ms:>6.2f}x | "
         f"{row.index_select_ms:>9.3f} {row.index_select_ms / ideal:>6.2f}x | "
         f"{row.segmented_ms:>9.3f} {row.segmented_ms / ideal:>6.2f}x {row.segmented_ms / row.static_ms:>6.2f}x | "
-        f"{row.static_ms:>9.3f} {row.static_ms / ideal:>6.2f}x"
+        f"{row.static_ms:>9.3f} {row.static_ms / ideal:>6.2f}x | {row.dense_t_ms:>9.3f}"
     )
 
 
@@ -121,15 +136,62 @@ HEADER = (
     f"{'gathered':>9} {'/ideal':>7} {'/static':>7} | "
     f"{'idx+mm':>9} {'/ideal':>7} | "
     f"{'segmentd':>9} {'/ideal':>7} {'/static':>7} | "
-    f"{'static':>9} {'/ideal':>7}"
+    f"{'static':>9} {'/ideal':>7} | {'dense^T':>9}"
 )
+
+
+@torch.no_grad()
+def target_head_and_step(name: str, threads: int, args: argparse.Namespace) -> tuple[torch.Tensor, float]:
+    """(the target's LM head weight (V, d), median ms of one plain decoding step: one token after 128 of
+    context with its KV cache, the full-vocabulary head included), both from the real target."""
+    from hf_dynaspec.targets import load_target
+
+    target, _ = load_target(name)
+    if threads > 0:
+        torch.set_num_threads(threads)  # loading may reset it
+    context = torch.randint(0, target.config.vocab_size, (1, 128), generator=torch.Generator().manual_seed(0))
+    prefill = target(context, use_cache=True)
+    token = prefill.logits[:, -1:].argmax(-1)  # (1, 1)
+
+    def step() -> None:
+        cache = prefill.past_key_values
+        target(token, past_key_values=cache, use_cache=True)
+        cache.crop(128)  # back to the context, so every timed step sees the same 128 tokens
+
+    return target.get_output_embeddings().weight.detach(), median_ms(step, args.repeats, args.warmup, torch.device("cpu"))
+
+
+def markdown(rows: list[Row], meta: dict) -> str:
+    """Per shortlist fraction and row count: ms of each head (and its share of a plain decoding step)."""
+    step = meta.get("plain_step_ms")
+    share = (lambda ms: f"{ms:.2f} ({ms / step:.0%})") if step else (lambda ms: f"{ms:.2f}")
+    lines = [f"LM heads, {meta['dtype']}, on {meta['machine']} (`{meta['command']}`)."]
+    if step:
+        lines.append(f"One plain decoding step of {meta['target']} (one token after 128, its full head included): "
+                     f"{step:.1f} ms; in brackets each head's share of it.")
+    lines += ["", "| shape | rows | shortlist | full head | full head, W^T | gathered (dynamic) | segmented clusters "
+              "| static (contiguous copy) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        size = SHAPES[r.shape][0] // r.fraction
+        lines.append(f"| {r.shape} | {r.n} | {size:,} (1/{r.fraction}) | {share(r.dense_ms)} | {share(r.dense_t_ms)} | "
+                     f"{share(r.gathered_ms)} | {share(r.segmented_ms)} | {share(r.static_ms)} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(out: Path, rows: list[Row], meta: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+    (out / "results.md").write_text(markdown(rows, meta))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--shapes", choices=("smollm", "llama3", "all"), default="smollm")
+    parser.add_argument("--shapes", choices=(*SHAPES, "all"), default="smollm")
+    parser.add_argument("--target", choices=sorted(TARGET_SHAPES), default=None,
+                        help="use this target's real head for its shape and time one plain decoding step (CPU)")
+    parser.add_argument("--out", type=Path, default=None, help="write results.json and results.md here")
     parser.add_argument(
         "--repeats", type=int, default=None, help="timed calls per case (default 15, quick 5)"
     )
@@ -142,6 +204,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (5 if args.quick else 15)
     args.warmup = 1 if args.quick else 3
+    if args.target and args.shapes not in ("all", TARGET_SHAPES[args.target]):
+        parser.error(f"--target {args.target} has the {TARGET_SHAPES[args.target]!r} shape: pass --shapes "
+                     f"{TARGET_SHAPES[args.target]} (or all)")
+    if args.target and args.device != "cpu":
+        parser.error("--target times the plain step on CPU: pass --device cpu")
     return args
 
 
@@ -152,18 +219,29 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     gen = torch.Generator().manual_seed(args.seed)
     names = list(SHAPES) if args.shapes == "all" else [args.shapes]
-    print(
-        f"device={device} threads={torch.get_num_threads()} dtype={args.dtype} repeats={args.repeats} "
-        f"gathered backend={resolve_head_backend(device)} clusters={NUM_CLUSTERS}"
-    )
+    real, step_ms = target_head_and_step(args.target, args.threads, args) if args.target else (None, None)
+    meta = {"machine": machine_description(), "dtype": args.dtype, "repeats": args.repeats, "target": args.target,
+            "plain_step_ms": step_ms, "backend": resolve_head_backend(device), "clusters": NUM_CLUSTERS,
+            "command": "python benchmarks/bench_head.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    print(f"device={device} threads={torch.get_num_threads()} dtype={args.dtype} repeats={args.repeats} "
+          f"gathered backend={meta['backend']} clusters={NUM_CLUSTERS}"
+          + (f" plain step of {args.target}: {step_ms:.1f} ms" if step_ms else ""))
     print(HEADER)
+    rows = []
     for name in names:
         vocab, d = SHAPES[name]
-        weight = torch.randn(vocab, d, generator=gen).to(device, getattr(torch, args.dtype))  # (V, d)
+        if real is not None and name == TARGET_SHAPES[args.target]:
+            weight = real.to(device, getattr(torch, args.dtype))  # (V, d): the target's own head
+        else:
+            weight = torch.randn(vocab, d, generator=gen).to(device, getattr(torch, args.dtype))  # (V, d)
         for n in args.positions:
-            for fraction in FRACTIONS:
-                print(format_row(bench_case(name, weight, n, fraction, args, gen)), flush=True)
+            for fraction in SHAPE_FRACTIONS.get(name, FRACTIONS):
+                rows.append(bench_case(name, weight, n, fraction, args, gen))
+                print(format_row(rows[-1]), flush=True)
         del weight
+    if args.out:
+        write_results(args.out, rows, meta)
+        print(f"wrote {args.out}/results.json and results.md")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ script and from the runs' generated files, never typed in.
 
     python recipes/gemma3/export.py --ckpt runs/gemma3/ckpt --weights-only
     python recipes/gemma3/export.py --ckpt runs/gemma3/ckpt --bench benchmarks/results/cpu-gemma3-270m \
-        --code benchmarks/results/cpu-gemma3-270m-code
+        --code benchmarks/results/cpu-gemma3-270m-code --head benchmarks/results/cpu-gemma3-270m-head
 """
 
 from __future__ import annotations
@@ -49,13 +49,15 @@ def default_mode(bench: Path) -> dict:
     return {k: v for k, v in method_settings(found).items() if k in ("head_mode", "static_size")}
 
 
-def sections(bench: Path, code: Path) -> list[tuple[str, str]]:
-    """(title, markdown) of the card: training, the issue's conditions, the whole runs, the terms."""
+def sections(bench: Path, code: Path, head: Path) -> list[tuple[str, str]]:
+    """(title, markdown) of the card: training, the issue's conditions, the whole runs, the head costs, the terms."""
     whole = [(bench / "results.md").read_text(), (code / "results.md").read_text()]
     results = "\n\n".join([(bench / "conditions.md").read_text().strip(), "Spec-Bench, the whole run:",
                            whole[0].replace("\n## ", "\n### "), "The held-out code slice:",
                            whole[1].replace("\n## ", "\n### ")])
-    return [("Training", (HERE / "training.md").read_text().strip()), ("Results", results), ("Gemma terms", TERMS)]
+    costs = (head / "results.md").read_text().strip()  # benchmarks/bench_head.py --out
+    return [("Training", (HERE / "training.md").read_text().strip()), ("Results", results),
+            ("Head cost at 262,144 tokens", costs), ("Gemma terms", TERMS)]
 
 
 def main() -> None:
@@ -63,6 +65,7 @@ def main() -> None:
     parser.add_argument("--ckpt", type=Path, default=ROOT / "runs/gemma3/ckpt")
     parser.add_argument("--bench", type=Path, default=ROOT / "benchmarks/results/cpu-gemma3-270m")
     parser.add_argument("--code", type=Path, default=ROOT / "benchmarks/results/cpu-gemma3-270m-code")
+    parser.add_argument("--head", type=Path, default=ROOT / "benchmarks/results/cpu-gemma3-270m-head")
     parser.add_argument("--out", type=Path, default=ROOT / "drafters/gemma-3-270m")
     parser.add_argument("--weights-only", action="store_true",
                         help="write the weights, configs and tokenizer for the bench to measure; no card yet")
@@ -79,7 +82,8 @@ def main() -> None:
     if args.weights_only:
         print(f"weights written to {args.out}; bench them, then export again without --weights-only")
         return
-    build_card(drafter, TARGET_WEIGHTS, "gemma", sections(args.bench, args.code)).save(args.out / "README.md")
+    card = build_card(drafter, TARGET_WEIGHTS, "gemma", sections(args.bench, args.code, args.head))
+    card.save(args.out / "README.md")
     print(f"exported to {args.out}: {sorted(p.name for p in args.out.iterdir())}")
 
 

@@ -77,8 +77,14 @@ stage bench hf-dynaspec bench --target gemma3 --drafter "$SHIP" --limit "$LIMIT"
     --threads 2 --methods "$METHODS" --out "$OUT"
 stage bench-code hf-dynaspec bench --target gemma3 --drafter "$SHIP" --prompts data/code_slice.jsonl \
     --prompt-format plain --threads 2 --methods "$METHODS" --out "$OUT-code"
-stage summarize python recipes/gemma3/summarize.py --bench "$OUT" --code "$OUT-code"
+stage summarize python recipes/gemma3/summarize.py --bench "$OUT" --code "$OUT-code" --readme
 
-# 8. ship: drafters/gemma-3-270m (bf16), default shortlist mode = the fastest of router / in-context / union on
+# 8. head cost at 262k tokens, drafter's and target's: the real head's full / W^T / gathered / static rows, each
+#    also as a share of one plain decoding step timed in the same run
+stage head python benchmarks/bench_head.py --shapes gemma3 --target gemma3 --threads 2 --positions 1 2 4 8 \
+    --out "$OUT-head"
+
+# 9. ship: drafters/gemma-3-270m (bf16), default shortlist mode = the fastest of router / in-context / union on
 #    Spec-Bench, model card from the generated files
-stage export python recipes/gemma3/export.py --ckpt "$RUN/ckpt" --out "$SHIP" --bench "$OUT" --code "$OUT-code"
+stage export python recipes/gemma3/export.py --ckpt "$RUN/ckpt" --out "$SHIP" --bench "$OUT" --code "$OUT-code" \
+    --head "$OUT-head"

@@ -10,7 +10,7 @@ frequent core), `union` (router clusters + in-context tokens). A condition whose
 "not measured", never "holds".
 
     python recipes/gemma3/summarize.py --bench benchmarks/results/cpu-gemma3-270m \
-        --code benchmarks/results/cpu-gemma3-270m-code
+        --code benchmarks/results/cpu-gemma3-270m-code --readme
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from hf_dynaspec.bench import Summary
+from hf_dynaspec.bench import Summary, write_doc_block
+
+ROOT = Path(__file__).resolve().parents[2]
+README_BLOCK = "gemma3-results"  # the README's Gemma results, written by --readme
 
 MODES = {"dynaspec": "router clusters", "context": "in-context tokens + core", "union": "router + in-context"}
 
@@ -177,6 +180,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bench", type=Path, required=True, help="Spec-Bench run folder (results.json)")
     parser.add_argument("--code", type=Path, default=None, help="code-slice run folder (results.json)")
+    parser.add_argument("--readme", action="store_true", help=f"also write the README's {README_BLOCK} block")
     args = parser.parse_args()
     found, best, table = conditions(args.bench, args.code)
     meta = json.loads((args.bench / "results.json").read_text())["meta"]
@@ -184,6 +188,8 @@ def main() -> None:
     (args.bench / "conditions.md").write_text(text + "\n")
     (args.bench / "conditions.json").write_text(json.dumps(
         {"conditions": [c.__dict__ for c in found], "fastest_mode": best}, indent=1) + "\n")
+    if args.readme:
+        write_doc_block(ROOT / "README.md", README_BLOCK, text)
     print(text)
 
 
