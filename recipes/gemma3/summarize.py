@@ -82,8 +82,8 @@ def static_conditions(bench: list[Summary], code: list[Summary]) -> list[Conditi
     cats = sorted({s.category for s in bench if s.category != "overall"})
     wins = [c for c in cats if by_method(bench, c)["dynaspec"].mean_accepted_length
             > by_method(bench, c)[equal.method].mean_accepted_length]
-    out = [Condition(f"accepted length above {equal.method} ({equal.mean_shortlist_size:,.0f} tokens vs "
-                     f"{dyn.mean_shortlist_size:,.0f}), categories", ">= 10 of 13",
+    out = [Condition(f"accepted length above {equal.method} (its {equal.mean_shortlist_size:,.0f} tokens, "
+                     f"DynaSpec's {dyn.mean_shortlist_size:,.0f}), categories", ">= 10 of 13",
                      f"{len(wins)} of {len(cats)}", len(wins) >= 10)]
     code_overall = by_method(code)
     if "dynaspec" in code_overall and equal.method in code_overall:
@@ -132,24 +132,39 @@ def mode_conditions(overall: dict[str, Summary]) -> tuple[list[Condition], str |
     return [cond], modes[best].method
 
 
-def mode_table(bench: list[Summary], code: list[Summary]) -> str:
-    """Per category: accepted length (speedup vs plain) of each shortlist mode and of the static baselines."""
-    overall = by_method(bench)
+def mode_columns(overall: dict[str, Summary]) -> list[str]:
+    """The run's shortlist modes and baselines, in table order: router, in-context, union, full, static of equal
+    size, static 32k."""
     columns = [m for m in ("dynaspec", "union", "full", "static") if m in overall]
     for prefix, at in (("context", 1), ("static", len(columns))):
         found = find_method(overall, prefix)
         if found is not None:
             columns.insert(at, found.method)
+    return columns
+
+
+def mode_table(bench: list[Summary], code: list[Summary], cell) -> str:
+    """One row per category (then overall, then the code slice), one column per mode: `cell(summary)`."""
+    overall = by_method(bench)
+    columns = mode_columns(overall)
     rows = ["| category | " + " | ".join(f"`{c}`" for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     groups = [(c, by_method(bench, c)) for c in sorted({s.category for s in bench} - {"overall"})]
     groups += [("**overall**", overall)] + ([("code slice", by_method(code))] if code else [])
     for name, methods in groups:
-        cells = [f"{methods[c].mean_accepted_length:.2f} ({methods[c].speedup:.2f}x)" if c in methods else "" for c in columns]
-        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+        rows.append(f"| {name} | " + " | ".join(cell(methods[c]) if c in methods else "" for c in columns) + " |")
     return "\n".join(rows)
 
 
-def conditions(bench_dir: Path, code_dir: Path | None) -> tuple[list[Condition], str | None, str]:
+def accepted_cell(s: Summary) -> str:
+    return f"{s.mean_accepted_length:.2f} ({s.speedup:.2f}x)"
+
+
+def recall_cell(s: Summary) -> str:
+    recall = "n/a" if s.shortlist_recall is None else f"{s.shortlist_recall:.1%}"
+    return f"{recall} ({s.mean_shortlist_size:,.0f})"
+
+
+def conditions(bench_dir: Path, code_dir: Path | None) -> tuple[list[Condition], str | None, list[str]]:
     payload, bench = load_summaries(bench_dir)
     code_payload, code = load_summaries(code_dir) if code_dir else ({"records": []}, [])
     overall = by_method(bench)
@@ -162,17 +177,19 @@ def conditions(bench_dir: Path, code_dir: Path | None) -> tuple[list[Condition],
                        f"{mismatches} mismatches over {len(speculative)} speculative runs", mismatches == 0)]
     found += speed_conditions(overall) + static_conditions(bench, code) + [recovery_condition(overall, vocab)]
     modes, best = mode_conditions(overall)
-    return found + modes, best, mode_table(bench, code)
+    return found + modes, best, [mode_table(bench, code, accepted_cell), mode_table(bench, code, recall_cell)]
 
 
-def markdown(found: list[Condition], best: str | None, table: str, meta: dict) -> str:
+def markdown(found: list[Condition], best: str | None, tables: list[str], meta: dict) -> str:
     verdict = {True: "holds", False: "**missed**", None: "not measured"}
     lines = [f"Gemma 3 270M, Spec-Bench ({meta['prompts']} prompts) + code slice, greedy, {meta['max_new_tokens']} "
              f"new tokens, on {meta['machine']}.", "", "| condition | goal | measured | |", "|---|---|---|---|"]
     lines += [f"| {c.name} | {c.goal} | {c.measured} | {verdict[c.holds]} |" for c in found]
     if best:
         lines += ["", f"Fastest shortlist mode overall: `{best}`."]
-    lines += ["", "Accepted length (speedup vs plain) per category:", "", table]
+    lines += ["", "Accepted length (speedup vs plain) per category:", "", tables[0]]
+    lines += ["", "Shortlist recall (the target's next token in the drafter's shortlist at the root; mean shortlist "
+              "size in tokens) per category:", "", tables[1]]
     return "\n".join(lines)
 
 
@@ -182,9 +199,9 @@ def main() -> None:
     parser.add_argument("--code", type=Path, default=None, help="code-slice run folder (results.json)")
     parser.add_argument("--readme", action="store_true", help=f"also write the README's {README_BLOCK} block")
     args = parser.parse_args()
-    found, best, table = conditions(args.bench, args.code)
+    found, best, tables = conditions(args.bench, args.code)
     meta = json.loads((args.bench / "results.json").read_text())["meta"]
-    text = markdown(found, best, table, meta)
+    text = markdown(found, best, tables, meta)
     (args.bench / "conditions.md").write_text(text + "\n")
     (args.bench / "conditions.json").write_text(json.dumps(
         {"conditions": [c.__dict__ for c in found], "fastest_mode": best}, indent=1) + "\n")
