@@ -15,11 +15,12 @@ from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
+TREE_TUNING = "tree_tuning.json"  # the evidence for a drafter's default tree (the recipes' tune_tree.py --write)
 # what `hf-dynaspec push` uploads: the drafter's own files, never optimizer state or training checkpoints
 SHARED_PATTERNS = (
     "config.json", "generation_config.json", "*.safetensors", "README.md", "tokenizer.json", "tokenizer_config.json",
     "special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "custom_generate/generate.py",
-    "custom_generate/requirements.txt",
+    "custom_generate/requirements.txt", TREE_TUNING,
 )
 REPO_PLACEHOLDER = "<drafter repo id>"
 
@@ -135,6 +136,15 @@ def save_for_sharing(drafter: Any, folder: str | Path, tokenizer: Any = None, ta
     card.save(folder / "README.md")
     write_custom_generate(folder, str(folder.resolve()))
     return folder
+
+
+def copy_tree_tuning(source: str | Path, folder: str | Path) -> bool:
+    """Copy the tuning evidence of a drafter's default tree (`TREE_TUNING`) from a checkpoint folder into the
+    shared folder; False when the checkpoint has none."""
+    found = Path(source) / TREE_TUNING
+    if found.is_file():
+        (Path(folder) / TREE_TUNING).write_text(found.read_text())
+    return found.is_file()
 
 
 def publish_files(folder: str | Path, repo_id: str) -> list[str]:

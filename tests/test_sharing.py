@@ -14,7 +14,7 @@ from huggingface_hub import ModelCard
 
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.cli import main
-from hf_dynaspec.sharing import REPO_PLACEHOLDER, publish_files, save_for_sharing, shared_files
+from hf_dynaspec.sharing import REPO_PLACEHOLDER, TREE_TUNING, publish_files, save_for_sharing, shared_files
 from hf_dynaspec.targets import byte_level_tokenizer
 
 
@@ -59,12 +59,14 @@ def test_custom_generate_runs_through_transformers_and_loads_the_drafter_once(sh
 def test_push_uploads_only_drafter_files(shared, tmp_path, capsys):
     _, folder = shared
     (folder / "optimizer.pt").write_bytes(b"0")
+    (folder / TREE_TUNING).write_text("{}")  # the default tree's evidence travels with the drafter
     (folder / "checkpoints" / "step-100").mkdir(parents=True)
     (folder / "checkpoints" / "step-100" / "model.safetensors").write_bytes(b"0")
     assert main(["push", str(folder), "me/tiny-drafter", "--dry-run"]) == 0
     listed = capsys.readouterr().out.split(": ", 1)[1].strip().split(", ")
     assert listed == shared_files(folder)
     assert "model.safetensors" in listed and "custom_generate/generate.py" in listed and "tokenizer.json" in listed
+    assert TREE_TUNING in listed
     assert not any("optimizer" in f or f.startswith("checkpoints/") for f in listed)
 
 

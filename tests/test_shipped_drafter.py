@@ -15,6 +15,7 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, Llama
 
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.bench import method_settings
+from hf_dynaspec.sharing import TREE_TUNING
 from hf_dynaspec.targets import smollm2_gguf_dir
 
 SHIPPED = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-instruct"
@@ -80,7 +81,7 @@ def test_shipped_gemma_drafter_keeps_its_tuned_tree_and_fits_a_gemma3_shaped_tar
     drafter = DynaSpecDrafter.from_pretrained(GEMMA)
     assert drafter.config.vocab_size == 262144 and drafter.config.target_model_type == "gemma3_text"
     assert drafter.config.static_shortlist_size == 32768  # FR-Spec's size, ranked: static[static_size=N] cuts it
-    chosen = json.loads((GEMMA / "tree_tuning.json").read_text())["meta"]["chosen"]
+    chosen = json.loads((GEMMA / TREE_TUNING).read_text())["meta"]["chosen"]
     settings = drafter.generation_config.speculative_fields()
     tuned = {k: v for k, v in method_settings(chosen).items() if k != "head_mode"}
     assert {k: settings[k] for k in tuned} == tuned  # the default tree is the one the tuning run chose

@@ -25,7 +25,7 @@ import torch
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.bench import method_settings
-from hf_dynaspec.sharing import build_card
+from hf_dynaspec.sharing import build_card, copy_tree_tuning
 from hf_dynaspec.targets import GEMMA3_HUB_ID, load_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,6 @@ TERMS = (
     "Gemma is provided under and subject to the Gemma Terms of Use found at https://ai.google.dev/gemma/terms. "
     "This drafter was trained on Gemma 3 270M's own greedy answers (its outputs), so those terms apply to it too."
 )
-TREE_TUNING = "tree_tuning.json"
 
 
 def default_mode(bench: Path) -> dict:
@@ -77,8 +76,7 @@ def main() -> None:
         fields |= default_mode(args.bench)
     drafter.generation_config = DynaSpecGenerationConfig(**fields)
     drafter.to(torch.bfloat16).save_pretrained(args.out, tokenizer=tokenizer)
-    if (args.ckpt / TREE_TUNING).is_file():  # the evidence for the default tree (tune_tree.py --write)
-        (args.out / TREE_TUNING).write_text((args.ckpt / TREE_TUNING).read_text())
+    copy_tree_tuning(args.ckpt, args.out)  # the evidence for the default tree (tune_tree.py --write)
     if args.weights_only:
         print(f"weights written to {args.out}; bench them, then export again without --weights-only")
         return

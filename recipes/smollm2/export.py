@@ -19,15 +19,11 @@ import json
 from pathlib import Path
 
 import torch
-from summarize import (  # recipes/smollm2/summarize.py, beside this script
-    TREE_TUNING,
-    quality_text,
-    summary_text,
-)
+from summarize import quality_text, summary_text  # recipes/smollm2/summarize.py, beside this script
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.bench import machine_description
-from hf_dynaspec.sharing import build_card
+from hf_dynaspec.sharing import build_card, copy_tree_tuning
 from hf_dynaspec.targets import SMOLLM2_GGUF, load_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,9 +71,7 @@ def main() -> None:
         (args.out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     else:
         drafter.to(torch.bfloat16).save_pretrained(args.out, tokenizer=tokenizer)
-        tuning = args.ckpt / TREE_TUNING  # the evidence for the default tree (tune_tree.py --write)
-        if tuning.is_file():
-            (args.out / TREE_TUNING).write_text(tuning.read_text())
+        copy_tree_tuning(args.ckpt, args.out)  # the evidence for the default tree (tune_tree.py --write)
     build_card(drafter, TARGET_WEIGHTS, "apache-2.0", results_sections(args.bench, args.quality)).save(args.out / "README.md")
     print(f"exported to {args.out}: {sorted(p.name for p in args.out.iterdir())}")
 

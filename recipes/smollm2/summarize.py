@@ -27,10 +27,10 @@ from hf_dynaspec.bench import (
     write_doc_block,
 )
 from hf_dynaspec.generation.stats import SpeculativeStats
+from hf_dynaspec.sharing import TREE_TUNING
 
 ROOT = Path(__file__).resolve().parents[2]
 TUNING_IDS = Path(__file__).with_name("tuning_question_ids.json")  # the EAGLE-1 drafter's tree was chosen on these
-TREE_TUNING = "tree_tuning.json"  # written into a drafter's folder by tune_tree.py --write
 README_BLOCK = "smollm2-results"  # the README's results section, written by --readme
 
 # row labels of the overall table, in order; methods missing from the run are skipped

@@ -15,7 +15,6 @@ import json
 from pathlib import Path
 
 import torch
-from summarize import TREE_TUNING  # recipes/smollm2/summarize.py, beside this script
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.bench import (
@@ -27,6 +26,7 @@ from hf_dynaspec.bench import (
     summarize,
     write_doc_block,
 )
+from hf_dynaspec.sharing import TREE_TUNING
 from hf_dynaspec.targets import load_target
 
 ROOT = Path(__file__).resolve().parents[2]
