@@ -77,7 +77,16 @@ stage bench hf-dynaspec bench --target gemma3 --drafter "$SHIP" --limit "$LIMIT"
     --threads 2 --methods "$METHODS" --out "$OUT"
 stage bench-code hf-dynaspec bench --target gemma3 --drafter "$SHIP" --prompts data/code_slice.jsonl \
     --prompt-format plain --threads 2 --methods "$METHODS" --out "$OUT-code"
-stage summarize python recipes/gemma3/summarize.py --bench "$OUT" --code "$OUT-code" --readme
+# 7b. why, for accepted length: the drafter alone (no lookup) with its tree's size fixed (min_draft_prob=0: every
+#     step drafts all its nodes), so accepted length follows which tokens each shortlist lets the drafter rank,
+#     not how many drafts pass the probability floor (a head's softmax is renormalised over its shortlist, so a
+#     smaller shortlist gives larger draft probabilities). 2 prompts per category.
+FIXED="lookup_num_tokens=0,min_draft_prob=0"
+stage bench-fixed hf-dynaspec bench --target gemma3 --drafter "$SHIP" --limit 2 --prompt-format qa --threads 2 \
+    --methods "plain,dynaspec[$FIXED],full[$FIXED],static[static_size=$SIZE,$FIXED],static[$FIXED],\
+context[static_size=2048,$FIXED],union[$FIXED]" --out "$OUT-fixed-tree"
+stage summarize python recipes/gemma3/summarize.py --bench "$OUT" --code "$OUT-code" --fixed "$OUT-fixed-tree" \
+    --readme
 
 # 8. head cost at 262k tokens, drafter's and target's: the real head's full / W^T / gathered / static rows, each
 #    also as a share of one plain decoding step timed in the same run

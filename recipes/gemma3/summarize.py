@@ -180,6 +180,21 @@ def conditions(bench_dir: Path, code_dir: Path | None) -> tuple[list[Condition],
     return found + modes, best, [mode_table(bench, code, accepted_cell), mode_table(bench, code, recall_cell)]
 
 
+def fixed_tree_text(folder: Path) -> str:
+    """The diagnostic run (run.sh stage 7b): the drafter alone, every tree drafted to its full size, one row per
+    method over all its prompts."""
+    payload, summaries = load_summaries(folder)
+    rows = ["| method | accepted length | shortlist recall | mean shortlist | speedup vs plain |", "|---|---|---|---|---|"]
+    for s in (s for s in by_method(summaries).values() if s.method != "plain"):
+        recall = "n/a" if s.shortlist_recall is None else f"{s.shortlist_recall:.1%}"
+        rows.append(f"| `{s.method}` | {s.mean_accepted_length:.2f} | {recall} | {s.mean_shortlist_size:,.0f} | "
+                    f"{s.speedup:.2f}x |")
+    return (f"Why, for accepted length: the drafter alone (no lookup branch) with every tree drafted to its full "
+            f"size (`min_draft_prob=0`), so the shortlists differ only in which tokens the drafter can rank, not in "
+            f"how many drafts pass the probability floor ({payload['meta']['prompts']} prompts, `{folder}`):\n\n"
+            + "\n".join(rows))
+
+
 def markdown(found: list[Condition], best: str | None, tables: list[str], meta: dict) -> str:
     verdict = {True: "holds", False: "**missed**", None: "not measured"}
     lines = [f"Gemma 3 270M, Spec-Bench ({meta['prompts']} prompts) + code slice, greedy, {meta['max_new_tokens']} "
@@ -197,11 +212,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bench", type=Path, required=True, help="Spec-Bench run folder (results.json)")
     parser.add_argument("--code", type=Path, default=None, help="code-slice run folder (results.json)")
+    parser.add_argument("--fixed", type=Path, default=None,
+                        help="the fixed-size-tree diagnostic run folder (run.sh stage 7b), added when given")
     parser.add_argument("--readme", action="store_true", help=f"also write the README's {README_BLOCK} block")
     args = parser.parse_args()
     found, best, tables = conditions(args.bench, args.code)
     meta = json.loads((args.bench / "results.json").read_text())["meta"]
     text = markdown(found, best, tables, meta)
+    if args.fixed is not None:
+        text += "\n\n" + fixed_tree_text(args.fixed)
     (args.bench / "conditions.md").write_text(text + "\n")
     (args.bench / "conditions.json").write_text(json.dumps(
         {"conditions": [c.__dict__ for c in found], "fastest_mode": best}, indent=1) + "\n")
