@@ -1,14 +1,19 @@
 """What the tests (and `tests/soak.py`) share: tiny random models built in code (nothing is downloaded),
 greedy / speculative generation helpers, the oracle candidate generator (it drafts the target's own greedy
 continuation, so long accepted paths happen), the end-to-end case grid with its invariant checks, random
-draft trees (a hypothesis strategy), and the exact sampling marginals of a tiny target with a chi-square test.
+draft trees (a hypothesis strategy), the exact sampling marginals of a tiny target with a chi-square test, and
+the loader of a script under benchmarks/ (they are scripts, not a package).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
+import sys
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from unittest import mock
 
 import torch
@@ -276,3 +281,18 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
     keep = expected > 0
     assert counts[~keep].sum() == 0, "sampled a token the target gives probability 0"
     return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def load_benchmark_script(name: str) -> ModuleType:
+    """benchmarks/<name>.py imported as module `name` (once per process: later calls return the same module)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -3,23 +3,15 @@ costs as shares of a decoding step), and the arguments it refuses."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import load_benchmark_script
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("bench_head", ROOT / "benchmarks" / "bench_head.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_head"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark_script("bench_head")
 
 
 def test_one_case_and_the_results_it_writes(tmp_path):

@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import load_benchmark_script
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("bf16_divergence", ROOT / "benchmarks" / "bf16_divergence.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bf16_divergence"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark_script("bf16_divergence")
 
 
 def test_first_divergence_and_summary(tmp_path):

@@ -8,35 +8,22 @@ results.json.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from helpers import load_benchmark_script
 
-ROOT = Path(__file__).resolve().parent.parent
 QUICK = ["--quick", "--device", "cpu", "--triton-interpret"]  # conftest.py sets TRITON_INTERPRET=1
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
-def load_suite() -> ModuleType:
-    if "gpu_suite" in sys.modules:
-        return sys.modules["gpu_suite"]
-    spec = importlib.util.spec_from_file_location("gpu_suite", ROOT / "benchmarks" / "gpu_suite.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_suite"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def suite() -> ModuleType:
-    return load_suite()
+    return load_benchmark_script("gpu_suite")
 
 
 @pytest.fixture(scope="module")
