@@ -150,6 +150,7 @@ HEADER = (
 def target_head_and_step(name: str, threads: int, args: argparse.Namespace) -> tuple[torch.Tensor, float]:
     """(the target's LM head weight (V, d), median ms of one plain decoding step: one token after 128 of
     context with its KV cache, the full-vocabulary head included), both from the real target."""
+    from hf_dynaspec.generation.verify import crop_cache
     from hf_dynaspec.targets import load_target
 
     target, _ = load_target(name)
@@ -162,9 +163,10 @@ def target_head_and_step(name: str, threads: int, args: argparse.Namespace) -> t
     def step() -> None:
         cache = prefill.past_key_values
         target(token, past_key_values=cache, use_cache=True)
-        cache.crop(128)  # back to the context, so every timed step sees the same 128 tokens
+        crop_cache(cache, 128)  # back to the context, so every timed step sees the same 128 tokens
 
-    return target.get_output_embeddings().weight.detach(), median_ms(step, args.repeats, args.warmup, torch.device("cpu"))
+    step_ms = median_ms(step, args.repeats, args.warmup, torch.device("cpu"))
+    return target.get_output_embeddings().weight.detach(), step_ms
 
 
 def markdown(rows: list[Row], meta: dict) -> str:
