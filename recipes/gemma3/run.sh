@@ -64,13 +64,14 @@ dynaspec[num_draft_nodes=8,draft_depth=5,draft_top_k=3,min_draft_prob=0.1],dynas
 dynaspec[num_draft_nodes=16,draft_depth=6,draft_top_k=4,min_draft_prob=0.05],dynaspec[$BIG],\
 dynaspec[$TREE,shortlist_k0=4,shortlist_k1=2],dynaspec[$BIG,shortlist_k0=4,shortlist_k1=2]"
 
-# 7. the shipped bf16 weights first, so the bench measures what ships; then the comparison: plain, DynaSpec, the same tree with the full head, a static shortlist of DynaSpec's mean size
-#    (from the tuning run) and of 32,768 tokens, the in-context shortlist with a 2,048-token core, the union;
-#    the main ones also without the lookup branch. Spec-Bench first, then the held-out code slice.
+# 7. the shipped bf16 weights first, so the bench measures what ships; then the comparison: plain, DynaSpec, the
+#    same tree with the full head, a static shortlist of DynaSpec's mean size (from the tuning run) and of 32,768
+#    tokens, the in-context shortlist with a 2,048-token core, the union; the main ones also without the lookup
+#    branch. Spec-Bench first, then the held-out code slice.
+stage ship-weights python recipes/gemma3/export.py --ckpt "$RUN/ckpt" --out "$SHIP" --weights-only
 SIZE=$(python -c "import json, sys; t = json.load(open(sys.argv[1])); \
 print(round(next(r['mean_shortlist_size'] for r in t['candidates'] if r['method'] == t['meta']['chosen'])))" \
-    "$RUN/tune/tune.json")
-stage ship-weights python recipes/gemma3/export.py --ckpt "$RUN/ckpt" --out "$SHIP" --weights-only
+    "$SHIP/tree_tuning.json")  # the tuning evidence, committed with the drafter
 METHODS="plain,dynaspec,full,static[static_size=$SIZE],static,context[static_size=2048],union,\
 dynaspec[lookup_num_tokens=0],full[lookup_num_tokens=0]"
 stage bench hf-dynaspec bench --target gemma3 --drafter "$SHIP" --limit "$LIMIT" --prompt-format qa \
