@@ -147,15 +147,15 @@ HEADER = (
 
 
 @torch.no_grad()
-def target_head_and_step(name: str, threads: int, args: argparse.Namespace) -> tuple[torch.Tensor, float]:
+def target_head_and_step(name: str, args: argparse.Namespace) -> tuple[torch.Tensor, float]:
     """(the target's LM head weight (V, d), median ms of one plain decoding step: one token after 128 of
     context with its KV cache, the full-vocabulary head included), both from the real target."""
     from hf_dynaspec.generation.verify import crop_cache
     from hf_dynaspec.targets import load_target
 
     target, _ = load_target(name)
-    if threads > 0:
-        torch.set_num_threads(threads)  # loading may reset it
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)  # loading may reset it
     context = torch.randint(0, target.config.vocab_size, (1, 128), generator=torch.Generator().manual_seed(0))
     prefill = target(context, use_cache=True)
     token = prefill.logits[:, -1:].argmax(-1)  # (1, 1)
@@ -163,7 +163,7 @@ def target_head_and_step(name: str, threads: int, args: argparse.Namespace) -> t
     def step() -> None:
         cache = prefill.past_key_values
         target(token, past_key_values=cache, use_cache=True)
-        crop_cache(cache, 128)  # back to the context, so every timed step sees the same 128 tokens
+        crop_cache(cache, context.shape[1])  # back to the context, so every timed step sees the same 128 tokens
 
     step_ms = median_ms(step, args.repeats, args.warmup, torch.device("cpu"))
     return target.get_output_embeddings().weight.detach(), step_ms
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     gen = torch.Generator().manual_seed(args.seed)
     names = list(SHAPES) if args.shapes == "all" else [args.shapes]
-    real, step_ms = target_head_and_step(args.target, args.threads, args) if args.target else (None, None)
+    real, step_ms = target_head_and_step(args.target, args) if args.target else (None, None)
     meta = {"machine": machine_description(), "dtype": args.dtype, "repeats": args.repeats, "target": args.target,
             "plain_step_ms": step_ms, "backend": resolve_head_backend(device),
             "clusters": {name: SHAPE_CLUSTERS.get(name, NUM_CLUSTERS) for name in names},
