@@ -97,8 +97,8 @@ def time_forward(
     def forward() -> None:
         out = target(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
                      output_hidden_states=True, **keep)
-        if walk_head is not None and walk_head.layout == "columns":
-            walk_head(out.hidden_states[-1][0, rows])  # (r, V): the walk rows, made outside the model
+        if walk_head is not None:
+            walk_head.walk_logits(out, rows)  # (r, V): the walk rows, as verify_forward reads them
 
     return _median_seconds(forward, repeats, device, after=lambda: crop_cache(cache, context))  # drop the n tokens
 

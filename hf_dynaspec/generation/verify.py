@@ -129,10 +129,9 @@ def verify_forward(
     )
     features = select_hidden_states(out.hidden_states, list(feature_layers))[0]  # (n, k * d)
     if walk_head is not None:
-        hidden = out.hidden_states[-1][0]  # (n, d) final normed states: the head's input
-        made = out.logits[0].float() if walk_head.layout == "rows" else walk_head(hidden[rows])  # (r, V)
+        made = walk_head.walk_logits(out, rows)  # (r, V)
         known = {node: made[i : i + 1] for i, node in enumerate(rows)}  # each (1, V)
-        return NodeLogits(hidden, walk_head, known), features
+        return NodeLogits(out.hidden_states[-1][0], walk_head, known), features  # hidden (n, d): the head's input
     return NodeLogits.from_tensor(out.logits[0]), features
 
 

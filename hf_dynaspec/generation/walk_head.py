@@ -67,6 +67,14 @@ class WalkHead:
         computes them), none in the "columns" layout (made here from the final hidden states)."""
         return torch.tensor(rows if self.weight_t is None else [], dtype=torch.long, device=device)
 
+    def walk_logits(self, out, rows: list[int]) -> torch.Tensor:
+        """The walk rows' raw logits (r, V) fp32 from the output of a verification pass asked with
+        `logits_to_keep(rows)` and the final hidden states: the model's own head made them in the "rows" layout,
+        this head makes them from the final hidden states in the "columns" layout."""
+        if self.weight_t is None:
+            return out.logits[0].float()  # (r, V)
+        return self(out.hidden_states[-1][0, rows])  # (r, d) -> (r, V)
+
     def reproduces(self, hidden: torch.Tensor, logits: torch.Tensor) -> bool:
         """Does this head, applied to final hidden states (1, d), give the target's logits (1, V)? False for
         targets that post-process logits in ways `LogitTransform` does not know: those verify with full logits."""
