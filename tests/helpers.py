@@ -283,14 +283,20 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
 
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = REPO / "benchmarks"
 
 
 def load_benchmark_script(name: str) -> ModuleType:
     """benchmarks/<name>.py imported as module `name` (once per process: later calls return the same module)."""
+    return load_script(BENCHMARKS / f"{name}.py", name)
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """The script at `path` (e.g. a recipe's) imported as module `name`, once per process."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
