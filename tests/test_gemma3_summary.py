@@ -80,6 +80,7 @@ def test_conditions_follow_the_figures(summarize, tmp_path):
     assert union.measured == "2.55 vs 2.60" and union.holds is False
     assert best == "context[static_size=20]"  # the fastest of router / in-context / union here
     assert "| `dynaspec` | 6.00 | 3.00 | 90.0% | 50 |" in tables[2]
+    assert "`dynaspec` and `union` took the same steps with the same tree sizes on 1 of 1 prompts." in tables[2]
 
 
 @pytest.mark.parametrize("vocab, full_b, measured, holds", [

@@ -186,6 +186,18 @@ def tree_table(records: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def same_walks(records: list[dict], a: str, b: str) -> str:
+    """How often methods `a` and `b` took the same steps with the same tree sizes on a prompt: where the union's
+    extra in-context tokens changed no draft (the lookup branch already proposes the context's tokens)."""
+    walks: dict[str, dict[str, tuple]] = {}
+    for r in records:
+        if r["method"] in (a, b):
+            walks.setdefault(r["question_id"], {})[r["method"]] = (r["stats"]["steps"], r["stats"]["tree_nodes"])
+    both = [w for w in walks.values() if len(w) == 2]
+    same = sum(w[a] == w[b] for w in both)
+    return f"`{a}` and `{b}` took the same steps with the same tree sizes on {same} of {len(both)} prompts."
+
+
 def conditions(bench_dir: Path, code_dir: Path | None) -> tuple[list[Condition], str | None, list[str]]:
     payload, bench = load_summaries(bench_dir)
     code_payload, code = load_summaries(code_dir) if code_dir else ({"records": []}, [])
@@ -200,7 +212,10 @@ def conditions(bench_dir: Path, code_dir: Path | None) -> tuple[list[Condition],
     found += speed_conditions(overall) + static_conditions(bench, code) + [recovery_condition(overall, vocab)]
     modes, best = mode_conditions(overall)
     tables = [mode_table(bench, code, accepted_cell), mode_table(bench, code, recall_cell)]
-    return found + modes, best, tables + [tree_table(payload["records"])]
+    tree = tree_table(payload["records"])
+    if {"dynaspec", "union"} <= overall.keys():
+        tree += "\n\n" + same_walks(payload["records"], "dynaspec", "union")
+    return found + modes, best, tables + [tree]
 
 
 def fixed_tree_text(folder: Path) -> str:
