@@ -12,6 +12,7 @@ from helpers import REPO, load_script
 
 from hf_dynaspec.bench import Summary
 
+
 @pytest.fixture(scope="module")
 def summarize():
     return load_script(REPO / "recipes" / "gemma3" / "summarize.py", "gemma3_summarize")

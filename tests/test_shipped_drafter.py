@@ -75,6 +75,7 @@ def test_pipeline_takes_the_shipped_drafter_by_its_folder_name(smollm2):
 
 
 GEMMA = Path(__file__).resolve().parent.parent / "drafters" / "gemma-3-270m"
+GEMMA_RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "cpu-gemma3-270m"  # its comparison
 
 
 def test_shipped_gemma_drafter_keeps_its_tuned_tree_and_fits_a_gemma3_shaped_target():
@@ -85,6 +86,8 @@ def test_shipped_gemma_drafter_keeps_its_tuned_tree_and_fits_a_gemma3_shaped_tar
     settings = drafter.generation_config.speculative_fields()
     tuned = {k: v for k, v in method_settings(chosen).items() if k != "head_mode"}
     assert {k: settings[k] for k in tuned} == tuned  # the default tree is the one the tuning run chose
+    fastest = json.loads((GEMMA_RUN / "conditions.json").read_text())["fastest_mode"]
+    assert settings["head_mode"] == method_settings(fastest)["head_mode"]  # the fastest mode of the comparison
     torch.manual_seed(0)
     layers = max(drafter.config.target_layer_ids) + 1
     config = dict(drafter.config.target_config)

@@ -52,14 +52,27 @@ def default_mode(bench: Path) -> dict:
     return {k: v for k, v in method_settings(found).items() if k in ("head_mode", "static_size")}
 
 
+def nested(markdown: str) -> str:
+    """`markdown` set under a card section (##): its first title dropped, its other titles one level deeper,
+    fenced code left as it is."""
+    lines, fenced = [], False
+    for i, line in enumerate(markdown.strip().splitlines()):
+        fenced ^= line.startswith("```")
+        if not fenced and line.startswith("#"):
+            if i == 0:
+                continue
+            line = "#" + line  # ## -> ###: under the card's own ## section
+        lines.append(line)
+    return "\n".join(lines).strip()
+
+
 def sections(bench: Path, code: Path, head: Path) -> list[tuple[str, str]]:
     """(title, markdown) of the card: training, the issue's conditions, the whole runs, the head costs, the terms."""
-    whole = [(bench / "results.md").read_text(), (code / "results.md").read_text()]
-    results = "\n\n".join([(bench / "conditions.md").read_text().strip(), "Spec-Bench, the whole run:",
-                           whole[0].replace("\n## ", "\n### "), "The held-out code slice:",
-                           whole[1].replace("\n## ", "\n### ")])
-    costs = (head / "results.md").read_text().strip()  # benchmarks/bench_head.py --out
-    return [("Training", (HERE / "training.md").read_text().strip()), ("Results", results),
+    whole = [nested((bench / "results.md").read_text()), nested((code / "results.md").read_text())]
+    results = "\n\n".join([(bench / "conditions.md").read_text().strip(), "Spec-Bench, the whole run:", whole[0],
+                           "The held-out code slice:", whole[1]])
+    costs = nested((head / "results.md").read_text())  # benchmarks/bench_head.py --out
+    return [("Training", nested((HERE / "training.md").read_text())), ("Results", results),
             ("Head cost at 262,144 tokens", costs), ("Gemma terms", TERMS)]
 
 
@@ -83,7 +96,7 @@ def main() -> None:
     drafter.to(torch.bfloat16).save_pretrained(args.out, tokenizer=tokenizer)
     copy_tree_tuning(args.ckpt, args.out)  # the evidence for the default tree (tune_tree.py --write)
     if args.weights_only:
-        training = (HERE / "training.md").read_text().strip()
+        training = nested((HERE / "training.md").read_text())
         parts = [("Training", training), ("Results", PENDING), ("Gemma terms", TERMS)]
     else:
         parts = sections(args.bench, args.code, args.head)
