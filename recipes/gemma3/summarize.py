@@ -164,22 +164,23 @@ def recall_cell(s: Summary) -> str:
     return f"{recall} ({s.mean_shortlist_size:,.0f})"
 
 
+TREE_FIELDS = {"steps": "steps", "accepted": "accepted_tokens", "nodes": "tree_nodes", "hits": "recall_hits",
+               "checks": "recall_checks", "size": "shortlist_total", "positions": "shortlist_positions"}
+
+
 def tree_table(records: list[dict]) -> str:
-    """Per speculative method over `records`: what the tree did per step. Draft nodes per step rise as a shortlist
-    shrinks (its softmax is renormalised over fewer tokens, so more drafts pass `min_draft_prob`), and accepted
-    length follows the nodes, not the shortlist's recall."""
+    """Per speculative method over `records`: what the tree did per step (draft nodes, tokens emitted, root
+    recall, mean shortlist), most nodes first. A shortlist's softmax is renormalised over its tokens, so a smaller
+    one lets more drafts pass `min_draft_prob`: the table shows whether tokens per step follow the tree's size or
+    the shortlist's recall."""
     totals: dict[str, dict[str, int]] = {}
-    for r in records:
-        if r["stats"] is None:
-            continue
-        t = totals.setdefault(r["method"], dict.fromkeys(("steps", "accepted", "nodes", "hits", "checks", "size", "positions"), 0))
-        s = r["stats"]
-        for key, field in (("steps", "steps"), ("accepted", "accepted_tokens"), ("nodes", "tree_nodes"),
-                           ("hits", "recall_hits"), ("checks", "recall_checks"), ("size", "shortlist_total"),
-                           ("positions", "shortlist_positions")):
-            t[key] += s[field]
+    for r in (r for r in records if r["stats"] is not None):
+        t = totals.setdefault(r["method"], dict.fromkeys(TREE_FIELDS, 0))
+        for key, stat in TREE_FIELDS.items():
+            t[key] += r["stats"][stat]
     rows = ["| method | draft nodes / step | tokens / step | root recall | mean shortlist |", "|---|---|---|---|---|"]
-    for method, t in sorted(totals.items(), key=lambda kv: (-kv[1]["nodes"] / kv[1]["steps"], -kv[1]["accepted"] / kv[1]["steps"])):
+    for method, t in sorted(totals.items(), key=lambda kv: (-kv[1]["nodes"] / kv[1]["steps"],
+                                                             -kv[1]["accepted"] / kv[1]["steps"])):
         recall = f"{t['hits'] / t['checks']:.1%}" if t["checks"] else "n/a"
         rows.append(f"| `{method}` | {t['nodes'] / t['steps']:.2f} | {t['accepted'] / t['steps']:.2f} | {recall} | "
                     f"{t['size'] / max(t['positions'], 1):,.0f} |")
@@ -187,8 +188,8 @@ def tree_table(records: list[dict]) -> str:
 
 
 def same_walks(records: list[dict], a: str, b: str) -> str:
-    """How often methods `a` and `b` took the same steps with the same tree sizes on a prompt: where the union's
-    extra in-context tokens changed no draft (the lookup branch already proposes the context's tokens)."""
+    """How often methods `a` and `b` took the same steps with the same tree sizes on a prompt (for the router and
+    the union: how often the union's extra in-context tokens changed nothing)."""
     walks: dict[str, dict[str, tuple]] = {}
     for r in records:
         if r["method"] in (a, b):
