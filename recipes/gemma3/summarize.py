@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_dynaspec.bench import Summary, write_doc_block
+from hf_dynaspec.generation.stats import SpeculativeStats
 
 ROOT = Path(__file__).resolve().parents[2]
 README_BLOCK = "gemma3-results"  # the README's Gemma results, written by --readme
@@ -164,26 +165,20 @@ def recall_cell(s: Summary) -> str:
     return f"{recall} ({s.mean_shortlist_size:,.0f})"
 
 
-TREE_FIELDS = {"steps": "steps", "accepted": "accepted_tokens", "nodes": "tree_nodes", "hits": "recall_hits",
-               "checks": "recall_checks", "size": "shortlist_total", "positions": "shortlist_positions"}
-
-
 def tree_table(records: list[dict]) -> str:
     """Per speculative method over `records`: what the tree did per step (draft nodes, tokens emitted, root
     recall, mean shortlist), most nodes first. A shortlist's softmax is renormalised over its tokens, so a smaller
     one lets more drafts pass `min_draft_prob`: the table shows whether tokens per step follow the tree's size or
     the shortlist's recall."""
-    totals: dict[str, dict[str, int]] = {}
+    per_method: dict[str, list[SpeculativeStats]] = {}
     for r in (r for r in records if r["stats"] is not None):
-        t = totals.setdefault(r["method"], dict.fromkeys(TREE_FIELDS, 0))
-        for key, stat in TREE_FIELDS.items():
-            t[key] += r["stats"][stat]
+        per_method.setdefault(r["method"], []).append(SpeculativeStats.from_dict(r["stats"]))
+    totals = {method: SpeculativeStats.merged(stats) for method, stats in per_method.items()}
     rows = ["| method | draft nodes / step | tokens / step | root recall | mean shortlist |", "|---|---|---|---|---|"]
-    for method, t in sorted(totals.items(), key=lambda kv: (-kv[1]["nodes"] / kv[1]["steps"],
-                                                             -kv[1]["accepted"] / kv[1]["steps"])):
-        recall = f"{t['hits'] / t['checks']:.1%}" if t["checks"] else "n/a"
-        rows.append(f"| `{method}` | {t['nodes'] / t['steps']:.2f} | {t['accepted'] / t['steps']:.2f} | {recall} | "
-                    f"{t['size'] / max(t['positions'], 1):,.0f} |")
+    for method, t in sorted(totals.items(), key=lambda kv: (-kv[1].mean_tree_size, -kv[1].mean_accepted_length)):
+        recall = f"{t.shortlist_recall:.1%}" if t.recall_checks else "n/a"
+        rows.append(f"| `{method}` | {t.mean_tree_size:.2f} | {t.mean_accepted_length:.2f} | {recall} | "
+                    f"{t.mean_shortlist_size:,.0f} |")
     return "\n".join(rows)
 
 
