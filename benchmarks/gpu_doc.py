@@ -134,21 +134,29 @@ def exact_and_sync_lines(exactness: dict, syncs: dict) -> list[str]:
                        exactness["identical_share_by_dtype"].items())
     runs = sum(r["runs"] for r in exactness["summary"])
     means = [r["mean"] for r in syncs["rows"]]
+    trees = ", ".join(f"{name} ({', '.join(f'{k}={v}' for k, v in settings.items()) or 'the drafter default then'})"
+                      for name, settings in exactness["trees"].items())
     return ["", f"Greedy exactness on the GPU ({runs} runs: tiny Llama, tiny Qwen2 and a SmolLM2-shaped random "
-            f"target, the default and a 60-node tree): identical to plain greedy in {shares}. Host reads per "
+            f"target; trees {trees}): identical to plain greedy in {shares}. Host reads per "
             f"decoding step: {min(means):.1f}-{max(means):.1f} on average."]
 
 
-def advice(verify: dict, meta: dict) -> str:
+def advice(verify: dict, meta: dict, tree_choice: dict | None) -> str:
+    """The README's GPU paragraph; `tree_choice`: benchmarks/device_tree.py's results (None: not run yet)."""
     tree = [r for r in verify["rows"] if r["mask"] == "tree" and r["nodes"] > 1]
     largest = max(r["nodes"] for r in tree)
     low, high = min(r["cost"] for r in tree), max(r["cost"] for r in tree)
-    return (f"On a GPU verification is nearly free per node: on an {meta['device']}, forwards of a Llama-3.1-8B-shaped "
+    text = (f"On a GPU verification is nearly free per node: on an {meta['device']}, forwards of a Llama-3.1-8B-shaped "
             f"target (bf16, transformers eager) over 2 to {largest} tree tokens cost {low:.2f}-{high:.2f} times a "
             "one-token forward, flat within timing noise, because launching the kernels bounds them "
-            "(`benchmarks/results/gpu-h200`, docs/architecture.md). Use larger trees there "
-            "(`DynaSpecGenerationConfig(num_draft_nodes=60, draft_depth=6)`), with `verify_costs=\"auto\"` to keep "
-            "only the drafts that pay on your GPU.")
+            "(`benchmarks/results/gpu-h200`, docs/architecture.md).")
+    if tree_choice is None:
+        return text + " Use larger trees there (`num_draft_nodes=60, draft_depth=6`)."
+    chosen = ", ".join(f"`{k}={v!r}`" for k, v in tree_choice["meta"]["tree"].items())
+    return (text + f" So on CUDA `generate()` drafts a larger tree by default ({chosen}, unless the drafter stores "
+            "its own CUDA tree in `device_trees`), chosen by `benchmarks/device_tree.py` from these costs and the "
+            "tokens per step each candidate tree emits (`benchmarks/results/cuda-default-tree`). "
+            "`verify_costs=\"auto\"` times your GPU once and keeps only the drafts that pay there.")
 
 
 def main() -> None:
@@ -156,6 +164,8 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks/results/gpu-h200")
     parser.add_argument("--split-run", type=Path, default=ROOT / "benchmarks/results/gpu-h200-run3-splitk",
                         help="a run with split-K on by default, compared with --results (skipped if absent)")
+    parser.add_argument("--tree-choice", type=Path, default=ROOT / "benchmarks/results/cuda-default-tree",
+                        help="benchmarks/device_tree.py's output: the default CUDA tree (skipped if absent)")
     args = parser.parse_args()
     results = load(args.results)
     meta, sections = results["meta"], results["sections"]
@@ -168,7 +178,9 @@ def main() -> None:
     lines += verify_lines(sections["verify"], meta["peak_gbps"]) + drafter_lines(sections["drafter"])
     lines += exact_and_sync_lines(sections["exactness"], sections["syncs"])
     write_doc_block(ROOT / "docs/architecture.md", "gpu-h200", "\n".join(lines))
-    write_doc_block(ROOT / "README.md", "gpu-advice", advice(sections["verify"], meta))
+    choice = args.tree_choice / "results.json"
+    tree_choice = json.loads(choice.read_text()) if choice.is_file() else None
+    write_doc_block(ROOT / "README.md", "gpu-advice", advice(sections["verify"], meta, tree_choice))
     print("wrote docs/architecture.md (gpu-h200) and README.md (gpu-advice)")
 
 

@@ -104,7 +104,8 @@ QUICK_SMOLLM2 = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
 QUICK_LLAMA = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=256, vocab_size=1024)
 FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}
-TREES = {"default": {}, "gpu-tree": {"num_draft_nodes": 60, "draft_depth": 6}}  # default: the drafter's own
+# default: the drafter's own tree for the device (a fresh drafter's on CUDA: DEFAULT_DEVICE_TREES["cuda"])
+TREES = {"default": {}, "cpu-tree": {"num_draft_nodes": 12, "draft_depth": 5, "draft_top_k": 4}}
 
 
 @dataclass(frozen=True)

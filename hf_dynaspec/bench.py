@@ -239,11 +239,18 @@ def run_bench(
     return records
 
 
+def read_records(path: str | Path) -> list[Record]:
+    """The records of a records.jsonl, the latest of each (prompt, method) only: a prompt runs again whole when
+    methods were added to a run (its plain output is not stored), and its new records replace the earlier ones."""
+    lines = [Record(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
+    return list({(rec.question_id, rec.method): rec for rec in lines}.values())  # a later record wins
+
+
 def load_records(path: str | Path | None, methods: list[str]) -> tuple[list[Record], set[str]]:
-    """Records of an earlier run of the same methods, and the question ids it finished."""
+    """Records of an earlier run of the same methods (`read_records`), and the question ids it finished."""
     if path is None or not Path(path).is_file():
         return [], set()
-    records = [Record(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
+    records = read_records(path)
     by_prompt: dict[str, set[str]] = defaultdict(set)
     for rec in records:
         by_prompt[rec.question_id].add(rec.method)
@@ -460,7 +467,7 @@ def rewrite_results(out_dir: str | Path) -> list[Summary]:
     """Summaries, tables and plots of a finished run rebuilt from its records.jsonl (and the meta of its
     results.json): no generation."""
     out = Path(out_dir)
-    records = [Record(**json.loads(line)) for line in (out / "records.jsonl").read_text().splitlines() if line.strip()]
+    records = read_records(out / "records.jsonl")
     meta = json.loads((out / "results.json").read_text())["meta"] if (out / "results.json").is_file() else {}
     meta["prompts"] = len({r.question_id for r in records})  # the records are the truth (a run may have grown)
     summaries = write_results(records, out, meta)

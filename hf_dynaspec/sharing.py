@@ -15,6 +15,8 @@ from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
+from .generation.config import TREE_FIELDS, resolve_draft_settings
+
 TREE_TUNING = "tree_tuning.json"  # the evidence for a drafter's default tree (the recipes' tune_tree.py --write)
 # what `hf-dynaspec push` uploads: the drafter's own files, never optimizer state or training checkpoints
 SHARED_PATTERNS = (
@@ -89,7 +91,8 @@ out = target.generate(**inputs, assistant_model=drafter, max_new_tokens=64)
 ```
 
 Default decoding settings (`generation_config.json`; override per call with a `DynaSpecGenerationConfig`):
-{{ defaults }}.
+{{ defaults }}. The draft tree by the target's device (the drafter's `device_trees`, else hf-dynaspec's
+defaults for that device): {{ trees }}.
 {% for title, text in sections %}
 ## {{ title }}
 
@@ -111,12 +114,22 @@ def build_card(drafter: Any, target_weights: str, license: str = "apache-2.0",
     """The model card of `drafter`; `sections` ((title, markdown), ...) follow the Use section."""
     config = drafter.config
     base_model = config.target_name_or_path or config.target_model_type
-    defaults = ", ".join(f"`{k}={v!r}`" for k, v in drafter.generation_config.speculative_fields().items())
+    fields = drafter.generation_config.speculative_fields()
+    defaults = ", ".join(f"`{k}={v!r}`" for k, v in fields.items() if k != "device_trees")
     return ModelCard.from_template(
         card_data(base_model, license), template_str=CARD, base_model=base_model,
         num_clusters=config.num_clusters, architecture=architecture_text(config), target_weights=target_weights, repo_id=repo_id or REPO_PLACEHOLDER,
-        defaults=defaults, sections=list(sections),
+        defaults=defaults, trees=trees_text(drafter), sections=list(sections),
     )
+
+
+def trees_text(drafter: Any, device_types: tuple[str, ...] = ("cpu", "cuda")) -> str:
+    """"CPU: `num_draft_nodes=12`, ...; CUDA: ...": the tree `generate()` uses on each device type."""
+    parts = []
+    for device_type in device_types:
+        settings = resolve_draft_settings(None, drafter.generation_config, drafter.config, device_type)
+        parts.append(f"{device_type.upper()}: " + ", ".join(f"`{k}={getattr(settings, k)!r}`" for k in TREE_FIELDS))
+    return "; ".join(parts)
 
 
 def write_custom_generate(folder: Path, location: str) -> None:

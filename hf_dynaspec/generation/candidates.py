@@ -97,7 +97,8 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
     ) -> DynaSpecCandidateGenerator:
         """A generator for transformers' assisted loop: settings resolved as `generate()` resolves them, drafter
         bound to `target`."""
-        settings = resolve_draft_settings(generation_config, drafter.generation_config, drafter.config)
+        settings = resolve_draft_settings(generation_config, drafter.generation_config, drafter.config,
+                                          target.device.type)
         drafter.bind(target)
         stats = SpeculativeStats(synchronize=settings.synchronize_timers)
         return cls(drafter, settings, stats, None, bool(generation_config.do_sample), generation_config.max_length)

@@ -5,6 +5,11 @@ weights), as transformers does for assistants. A `DynaSpecGenerationConfig` pass
 `generation_config=` overrides them per call; fields left at `None` inherit the drafter's value.
 `resolve_draft_settings` merges both into a validated, frozen `DraftSettings` used by the decoding loop.
 
+The draft tree's size depends on the device: verifying many nodes is dear on a CPU and nearly free on a GPU.
+So the tree fields (`TREE_FIELDS`) also come per device type, in `device_trees={"cpu": {...}, "cuda": {...}}`,
+which applies over the same config's flat fields when the target runs on that device type. The library's own
+per-device trees (`DEFAULT_DEVICE_TREES`) are chosen from measured costs (`benchmarks/device_tree.py`).
+
     python -c "from hf_dynaspec import DynaSpecGenerationConfig as C; print(C(tree_policy='dyspec').to_json_string())"
 """
 
@@ -14,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from transformers import GenerationConfig
 
 from ..configuration import DynaSpecConfig
@@ -36,13 +42,21 @@ SPEC_FIELDS = (
     "verify_costs",
     "draft_gate",
     "synchronize_timers",
+    "device_trees",
 )
-# Default tree for CPUs (small: verification of many nodes is costly there; see docs/architecture.md).
+# The fields that size the draft tree: what `device_trees` may set per device type.
+TREE_FIELDS = ("tree_policy", "num_draft_nodes", "draft_depth", "draft_top_k", "min_draft_prob", "verify_costs")
+# Defaults; the tree is the one for CPUs (small: verification of many nodes is costly there; docs/architecture.md).
 DEFAULT_SETTINGS = dict(
     tree_policy="eagle2", num_draft_nodes=12, draft_depth=5, draft_top_k=4, head_mode="dynamic", min_draft_prob=0.0,
     lookup_num_tokens=8, lookup_max_ngram=3, lookup_min_ngram=1, verify_costs="off", static_size=None,
     draft_gate=False, synchronize_timers=False,
 )
+# Per device type, over DEFAULT_SETTINGS: the tree with the best modelled speed from measured GPU costs and
+# measured acceptance (`python benchmarks/device_tree.py`, results in benchmarks/results/cuda-default-tree).
+DEFAULT_DEVICE_TREES: dict[str, dict[str, Any]] = {
+    "cuda": dict(num_draft_nodes=48, draft_depth=3, draft_top_k=16, min_draft_prob=0.0),
+}
 MAX_VERIFY_COSTS = 1025  # c(1..n) for every tree the budget allows (1 + 1024 nodes)
 
 
@@ -79,6 +93,9 @@ class DynaSpecGenerationConfig(GenerationConfig):
             (`generation.gate`); output is unchanged either way.
         synchronize_timers (`bool`): on CUDA, synchronise around each timed section of `speculative_stats`
             so its times measure work rather than kernel launches (slows decoding; for profiling).
+        device_trees (`dict[str, dict]`): tree fields per device type, e.g.
+            `{"cpu": {"num_draft_nodes": 12}, "cuda": {"num_draft_nodes": 60, "draft_depth": 6}}`: where the
+            target runs on that device type, they override this config's flat fields (keys: `TREE_FIELDS`).
     """
 
     def __init__(
@@ -98,6 +115,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         static_size: int | None = None,
         draft_gate: bool | None = None,
         synchronize_timers: bool | None = None,
+        device_trees: dict[str, dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
         self.tree_policy = tree_policy
@@ -115,6 +133,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         self.static_size = static_size
         self.draft_gate = draft_gate
         self.synchronize_timers = synchronize_timers
+        self.device_trees = device_trees
         super().__init__(**kwargs)
 
     def speculative_fields(self) -> dict[str, Any]:
@@ -138,7 +157,7 @@ def speculative_fields_of(config: GenerationConfig | None) -> dict[str, Any]:
 @dataclass(frozen=True)
 class DraftSettings:
     """Concrete, validated settings of one generate() call (every field set by `resolve_draft_settings`;
-    the defaults live in DEFAULT_SETTINGS only)."""
+    the defaults live in DEFAULT_SETTINGS and, per device type, DEFAULT_DEVICE_TREES only)."""
 
     tree_policy: str
     num_draft_nodes: int
@@ -176,6 +195,8 @@ def check_speculative_fields(fields: dict[str, Any]) -> None:
             continue
         if name == "verify_costs":
             check_verify_costs(value)
+        if name == "device_trees":
+            check_device_trees(value)
         if name in ("synchronize_timers", "draft_gate") and not isinstance(value, bool):
             raise ValueError(f"DynaSpecGenerationConfig.{name} must be True or False, got {value!r}.")
         if name == "min_draft_prob" and (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -189,6 +210,29 @@ def check_speculative_fields(fields: dict[str, Any]) -> None:
                 raise ValueError(
                     f"DynaSpecGenerationConfig.{name} must be an integer in [{low}, {high}], got {value!r}."
                 )
+
+
+def check_device_trees(value: Any) -> None:
+    """`device_trees`: {device type: {tree field: value}}, each value valid for its field."""
+    if not isinstance(value, dict):
+        raise ValueError(f"DynaSpecGenerationConfig.device_trees must be a dict {{device type: {{field: value}}}}, "
+                         f"got {value!r}.")
+    for device_type, tree in value.items():
+        if not isinstance(device_type, str) or ":" in device_type or not _is_device_type(device_type):
+            raise ValueError(f"DynaSpecGenerationConfig.device_trees keys are device types such as 'cpu' or 'cuda' "
+                             f"(no index), got {device_type!r}.")
+        unknown = sorted(set(tree) - set(TREE_FIELDS)) if isinstance(tree, dict) else None
+        if unknown is None or unknown:
+            raise ValueError(f"DynaSpecGenerationConfig.device_trees[{device_type!r}] sets tree fields only "
+                             f"({', '.join(TREE_FIELDS)}); got {tree!r}: set other fields flat.")
+        check_speculative_fields(tree)
+
+
+def _is_device_type(name: str) -> bool:
+    try:
+        return torch.device(name).type == name
+    except RuntimeError:
+        return False
 
 
 def check_static_size(static_size: int | None, head_mode: str, drafter_config: DynaSpecConfig) -> None:
@@ -229,21 +273,29 @@ def check_verify_costs(value: Any) -> None:
 
 
 def default_drafter_generation_config(shortlist_k0: int, shortlist_k1: int) -> DynaSpecGenerationConfig:
-    """The defaults a fresh drafter carries."""
-    return DynaSpecGenerationConfig(shortlist_k0=shortlist_k0, shortlist_k1=shortlist_k1, **DEFAULT_SETTINGS)
+    """The defaults a fresh drafter carries: all but the tree, which it takes per device from the library
+    (`DEFAULT_SETTINGS`, `DEFAULT_DEVICE_TREES`) until a tuned tree is stored in its `device_trees`."""
+    flat = {k: v for k, v in DEFAULT_SETTINGS.items() if k not in TREE_FIELDS}
+    return DynaSpecGenerationConfig(shortlist_k0=shortlist_k0, shortlist_k1=shortlist_k1, **flat)
 
 
 def resolve_draft_settings(
     call_config: GenerationConfig | None, drafter_generation_config: GenerationConfig | None,
-    drafter_config: DynaSpecConfig,
+    drafter_config: DynaSpecConfig, device_type: str = "cpu",
 ) -> DraftSettings:
     """Per-call fields override the drafter's generation defaults, which override the library defaults (and
-    the drafter config's shortlist budget)."""
+    the drafter config's shortlist budget). At each level a config's `device_trees[device_type]` (the type of
+    the target's device) overrides its flat fields."""
     num_clusters = drafter_config.num_clusters
     merged: dict[str, Any] = dict(DEFAULT_SETTINGS)
+    merged.update(DEFAULT_DEVICE_TREES.get(device_type, {}))
     merged.update(shortlist_k0=drafter_config.shortlist_k0, shortlist_k1=drafter_config.shortlist_k1)
     for config in (drafter_generation_config, call_config):
-        merged.update(speculative_fields_of(config))
+        fields = speculative_fields_of(config)
+        trees = fields.pop("device_trees", {})
+        check_speculative_fields({"device_trees": trees})
+        merged.update(fields)
+        merged.update(trees.get(device_type, {}))
     check_speculative_fields(merged)
     if merged["lookup_min_ngram"] > merged["lookup_max_ngram"]:
         raise ValueError(

@@ -91,7 +91,8 @@ def speculative_decode(
 ) -> DynaSpecGenerateOutput | torch.LongTensor:
     """Lossless tree speculative decoding of a batch-1 prompt; see the module docstring."""
     model_kwargs = model_kwargs or {}
-    settings = resolve_draft_settings(generation_config, drafter.generation_config, drafter.config)
+    settings = resolve_draft_settings(generation_config, drafter.generation_config, drafter.config,
+                                      target.device.type)
     drafter.bind(target)
     padding, input_ids = strip_left_padding(input_ids, model_kwargs.get("attention_mask"))
     check_generation_inputs(input_ids, generation_config)

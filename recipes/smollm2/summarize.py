@@ -70,9 +70,11 @@ def describe_defaults(fields: dict) -> str:
 
 
 def drafter_defaults(drafter: str) -> str:
-    """The speculative defaults of the drafter a run measured (its folder, relative to the repo root)."""
-    config = DynaSpecGenerationConfig.from_pretrained(ROOT / drafter)
-    return describe_defaults(config.speculative_fields())
+    """The speculative defaults of the drafter a run measured (its folder, relative to the repo root), with its
+    CPU tree (`device_trees["cpu"]`: these runs measure on a CPU) in place of the flat tree fields."""
+    fields = DynaSpecGenerationConfig.from_pretrained(ROOT / drafter).speculative_fields()
+    trees = fields.pop("device_trees", {})
+    return describe_defaults({**fields, **trees.get("cpu", {})})
 
 
 def held_out_text(records: list[dict], drafter: str) -> str:
@@ -148,8 +150,8 @@ def summary_text(bench: Path) -> str:
     return "\n".join([
         f"Spec-Bench, {meta['prompts']} prompts ({scope}), greedy, {meta['max_new_tokens']} new tokens, fp32 target, batch 1, on "
         f"{meta['machine']}; {mismatches} mismatches with plain greedy over {len(speculative)} speculative runs. "
-        f"Full tables, per-prompt records and plots: `{bench.as_posix()}/`. The drafter's defaults "
-        f"(`generation_config.json`): {drafter_defaults(meta['drafter'])}. " + held_out_text(records, meta["drafter"]),
+        f"Full tables, per-prompt records and plots: `{bench.as_posix()}/`. The drafter's defaults on a "
+        f"CPU (`generation_config.json`): {drafter_defaults(meta['drafter'])}. " + held_out_text(records, meta["drafter"]),
         "",
         "Speedups carry their paired bootstrap 95% interval over prompts; * marks a difference that is significant "
         "(Wilcoxon signed-rank test over prompts, p < 0.05; local `evaluate` module `paired_speedup`).",

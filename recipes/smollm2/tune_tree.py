@@ -3,7 +3,7 @@
 Runs plain greedy and every candidate tree on `data/tuning_prompts.jsonl` (`recipes/smollm2/tuning_prompts.py`),
 keeps the candidate with the highest overall speedup among those whose outputs all equal plain greedy, writes
 `tune.json` / `tune.md` (every candidate's speedup and accepted length) into `--out`, and with `--write` stores the
-winner in the drafter's `generation_config.json` (and the evidence in its `tree_tuning.json`); the table also goes into recipes/smollm2/training.md. Resumable: the bench records go to `--out/records.jsonl`.
+winner in the drafter's `generation_config.json` (its tree under `device_trees[<the target's device type>]`: measured there only; and the evidence in its `tree_tuning.json`); the table also goes into recipes/smollm2/training.md. Resumable: the bench records go to `--out/records.jsonl`.
 
     python recipes/smollm2/tune_tree.py --drafter runs/smollm2-eagle3/ckpt --out runs/smollm2-eagle3/tune --write
 """
@@ -26,6 +26,7 @@ from hf_dynaspec.bench import (
     summarize,
     write_doc_block,
 )
+from hf_dynaspec.generation.config import TREE_FIELDS
 from hf_dynaspec.sharing import TREE_TUNING
 from hf_dynaspec.targets import load_target
 
@@ -51,6 +52,18 @@ def choose(summaries: list, methods: list[str]) -> tuple[str | None, list[dict]]
             for m in methods if m in overall]
     exact = [r for r in rows if r["mismatches"] == 0]
     return (max(exact, key=lambda r: r["speedup"])["method"] if exact else None), rows
+
+
+def store_tree(config: DynaSpecGenerationConfig, settings: dict, device_type: str) -> DynaSpecGenerationConfig:
+    """`config` with the chosen settings: the tree fields under `device_trees[device_type]` (the tree was measured
+    on that device type only; elsewhere the library's per-device default applies), the others flat."""
+    tree = {k: v for k, v in settings.items() if k in TREE_FIELDS}
+    for key, value in settings.items():
+        setattr(config, key, None if key in tree else value)  # a flat tree field would apply on every device
+    trees = dict(config.device_trees or {})
+    trees[device_type] = {**trees.get(device_type, {}), **tree}
+    config.device_trees = trees
+    return config
 
 
 def markdown(rows: list[dict], best: str | None, meta: dict) -> str:
@@ -103,9 +116,8 @@ def main() -> None:
     if best is None:
         raise SystemExit("no candidate reproduced plain greedy on every prompt: nothing written")
     if args.write:
-        config = DynaSpecGenerationConfig.from_pretrained(args.drafter)
-        for key, value in method_settings(best).items():
-            setattr(config, key, value)
+        config = store_tree(DynaSpecGenerationConfig.from_pretrained(args.drafter), method_settings(best),
+                            target.device.type)
         config.save_pretrained(args.drafter)
         (args.drafter / TREE_TUNING).write_text(json.dumps({"meta": meta, "candidates": rows}, indent=1) + "\n")
         print(f"wrote {best} into {args.drafter}/generation_config.json")
