@@ -14,6 +14,8 @@ A tree's speed on a device, in plain decoding steps per emitted token, is modell
 - r: one drafter call (layer, router, head over `DRAFT_ROWS` rows) over a one-token target forward, from the
   suite's drafter section at the same target shape. A step makes `depth` drafter calls (the extend over the
   accepted tokens, then depth - 1 expansions).
+- Where the suite also has a trees section (step costs of these very trees, timed end to end on that device),
+  the measured step cost replaces c(1 + nu) + depth * r.
 
 r depends on the target: the suite measured a Llama-3.1-8B shape, and a smaller target makes the drafter
 relatively dearer. A library default serves every target, so each candidate is modelled at r and at 2r, and
@@ -38,14 +40,18 @@ import math
 import statistics
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hf_dynaspec.bench import Record, method_settings, read_records, summarize, write_doc_block  # noqa: E402
 from hf_dynaspec.generation.config import TREE_FIELDS  # noqa: E402
 from hf_dynaspec.generation.cost import VerifyCosts  # noqa: E402
 from hf_dynaspec.generation.stats import SpeculativeStats  # noqa: E402
+
+if TYPE_CHECKING:
+    from hf_dynaspec.bench import Record
+# hf_dynaspec.bench is imported where used: gpu_suite.py reads SWEEPS on machines without its `evaluate`
 
 DRAFTER_SHAPE = "llama3-8b"  # the suite's drafter shape that matches its verify section's target
 DRAFT_HEAD = "dynamic"  # the library's default head mode
@@ -94,9 +100,14 @@ def drafter_ratio(drafter: dict, verify: dict) -> float:
     return step / plain
 
 
-def tree_rows(records: list[Record], costs: VerifyCosts, r: float) -> list[dict]:
+def tree_rows(records: list[Record], costs: VerifyCosts, r: float, measured: dict[tuple, float] | None = None
+              ) -> list[dict]:
     """One row per speculative method of the sweep: its tree, what it emitted and verified per step (merged over
-    prompts), its measured CPU speedup and its modelled speedup on the device (at r and 2r)."""
+    prompts), its measured CPU speedup and its speedup on the device at r and 2r. A step costs
+    c(1 + nodes) + depth * r plain steps, or what the GPU suite's trees section measured for the same tree
+    (`measured`, keyed by `tree_key`; at 2r, + depth * r)."""
+    from hf_dynaspec.bench import method_settings, summarize
+
     overall = {s.method: s for s in summarize(records) if s.category == "overall"}
     rows = []
     for method, summary in overall.items():
@@ -108,13 +119,26 @@ def tree_rows(records: list[Record], costs: VerifyCosts, r: float) -> list[dict]
         tokens, nodes = stats.accepted_tokens / stats.steps, stats.tree_nodes / stats.steps
         depth = settings["draft_depth"]
         verify = costs(round(1 + nodes))  # c of the mean verified size (root + drafts)
+        step = (measured or {}).get(tree_key(settings))
+        source = "modelled" if step is None else "measured"
+        step = verify + depth * r if step is None else step
+        at_r, at_2r = tokens / step, tokens / (step + depth * r)
         rows.append(dict(method=method, tree={k: v for k, v in settings.items() if k in TREE_FIELDS},
-                         tokens_per_step=tokens, nodes_per_step=nodes, verify_cost=verify,
-                         modelled_speedup=tokens / (verify + depth * r),
-                         modelled_speedup_2r=tokens / (verify + depth * 2 * r),
-                         modelled_speedup_geomean=math.sqrt(tokens / (verify + depth * r) * tokens / (verify + depth * 2 * r)),
+                         tokens_per_step=tokens, nodes_per_step=nodes, verify_cost=verify, step_cost=step,
+                         step_cost_source=source, modelled_speedup=at_r, modelled_speedup_2r=at_2r,
+                         modelled_speedup_geomean=math.sqrt(at_r * at_2r),
                          cpu_speedup=summary.speedup, mismatches=summary.mismatches, prompts=summary.prompts))
     return rows
+
+
+def tree_key(settings: dict) -> tuple[int, int, int]:
+    return settings["num_draft_nodes"], settings["draft_depth"], settings["draft_top_k"]
+
+
+def measured_step_costs(gpu: dict) -> dict[tuple, float]:
+    """Step costs the GPU suite's trees section measured (an older run has none: {})."""
+    section = gpu["sections"].get("trees")
+    return {tree_key(row["tree"]): row["cost"] for row in section["rows"]} if section else {}
 
 
 def choose(rows: list[dict], key: str = "modelled_speedup_geomean", tie: float = TIE) -> dict | None:
@@ -135,12 +159,14 @@ def markdown(rows: list[dict], chosen: dict | None, meta: dict) -> str:
              f"verification costs c(n) = {span(meta['c_min'], meta['c_max'])} plain steps for n = 2..{meta['c_sizes']} "
              "(flat: a noisy one-token forward lifts the whole non-decreasing curve).", "",
              "| nodes | depth | top-k | min_draft_prob | tokens / step | nodes verified / step | c(1 + nodes) | "
-             "modelled speedup | modelled, r x 2 | geometric mean | CPU speedup (measured) | differs from plain | chosen |",
-             "|---" * 13 + "|"]
+             "step cost | modelled speedup | modelled, r x 2 | geometric mean | CPU speedup (measured) | "
+             "differs from plain | chosen |",
+             "|---" * 14 + "|"]
     for row in sorted(rows, key=lambda row: -row["modelled_speedup_geomean"]):
         t = row["tree"]
         lines.append(f"| {t['num_draft_nodes']} | {t['draft_depth']} | {t['draft_top_k']} | {t['min_draft_prob']} | "
                      f"{row['tokens_per_step']:.2f} | {row['nodes_per_step']:.1f} | {row['verify_cost']:.2f} | "
+                     f"{row['step_cost']:.2f} ({row['step_cost_source']}) | "
                      f"{row['modelled_speedup']:.2f}x | {row['modelled_speedup_2r']:.2f}x | "
                      f"{row['modelled_speedup_geomean']:.3f}x | {row['cpu_speedup']:.2f}x | "
                      f"{row['mismatches']} | {'yes' if chosen and row['method'] == chosen['method'] else ''} |")
@@ -172,10 +198,13 @@ def main() -> None:
         return
     gpu = json.loads((args.gpu / "results.json").read_text())
     sweeps = [json.loads((sweep / "results.json").read_text())["meta"] for sweep in args.sweeps]
+    from hf_dynaspec.bench import read_records, write_doc_block
+
     runs = [read_records(sweep / "records.jsonl") for sweep in args.sweeps]
     verify, costs = gpu["sections"]["verify"], device_costs(gpu["sections"]["verify"])
     r = drafter_ratio(gpu["sections"]["drafter"], verify)
-    rows = [row for records in runs for row in tree_rows(records, costs, r)]
+    measured = measured_step_costs(gpu)
+    rows = [row for records in runs for row in tree_rows(records, costs, r, measured)]
     chosen = choose(rows)
     meta = dict(gpu=relative(args.gpu), gpu_device=gpu["meta"]["device"],
                 sweeps=[relative(sweep) for sweep in args.sweeps], machine=" / ".join({m["machine"] for m in sweeps}),

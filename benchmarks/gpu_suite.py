@@ -19,10 +19,14 @@ on a rerun while that file exists (`--force` redoes it; a file from a `--quick` 
              (`run_router_beside`) and run before the layer ("sequential"); plus the router and head alone.
 - exactness: speculative greedy (`target.generate(ids, assistant_model=drafter)`) vs plain greedy on random
              targets (tiny Llama, tiny Qwen2, SmolLM2-shaped Llama) in fp32 and bf16, a few prompts, the
-             drafter's default tree and a GPU-sized one (60 nodes, depth 6): share of identical outputs, the
-             first divergence and the target's logit gap there (plain pick - speculative pick).
+             drafter's default tree for the device and the CPU-sized one (12 nodes, depth 5): share of
+             identical outputs, the first divergence and the target's logit gap there (plain pick - speculative
+             pick).
 - syncs:     host synchronisations per decoding step (`HostSyncCounter` around each `speculative_step`): mean,
              max, tokens per step, by kind, for the tiny and the SmolLM2-shaped target.
+- trees:     one decoding step, end to end, with each candidate default tree of `benchmarks/device_tree.py` on
+             the verify section's target (512 prompt tokens, a random drafter): ms per step and its cost in
+             plain decoding steps, which device_tree.py then uses instead of its model.
 
 Results: `<out>/results.json` (every section, the device, torch / triton / transformers versions, a timestamp,
 the errors of this run) and `<out>/results.md` (tables made from results.json); `<out>/log.txt` logs runs and
@@ -85,7 +89,7 @@ try:  # a transformers release the hook refuses must not cost the sections that 
 except Exception as err:  # noqa: BLE001
     PACKAGE_ERROR = f"import hf_dynaspec failed: {type(err).__name__}: {err}"
 
-SECTIONS = ("head", "verify", "drafter", "exactness", "syncs")
+SECTIONS = ("head", "verify", "drafter", "exactness", "syncs", "trees")
 TIMED_HEAD_MODES = ("full", "static", "dynamic")
 COLD_CACHE_BYTES = 256 * 2**20
 ROUTER_PLACEMENTS = ("beside", "sequential")
@@ -133,6 +137,8 @@ class Plan:
     tune_cases: tuple[tuple[int, int, float], ...]  # (V, d, share) swept over TUNE_CONFIGS at tune_rows rows
     tune_rows: int
     tune_configs: tuple[tuple[int, int, int, int], ...]  # (block_s, block_k, num_warps, num_stages)
+    step_context: int  # prompt tokens before the timed steps of the trees section
+    step_tokens: int  # tokens generated per timed call there
     trees: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(TREES))
 
 
@@ -148,6 +154,7 @@ FULL = Plan(
     tune_rows=64,
     tune_configs=tuple((bs, bk, w, st) for bs in (64, 128, 256) for bk in (64, 128) for w in (4, 8)
                        for st in (2, 3, 4)),
+    step_context=512, step_tokens=33,
 )
 QUICK = Plan(
     head_vocab=(1024, 4096), head_dims=(64,), head_shares=(0.02, 0.05, 0.125), head_rows=(1, 8),
@@ -158,6 +165,7 @@ QUICK = Plan(
     exact_targets={"tiny-llama": ("llama", TINY), "tiny-qwen2": ("qwen2", TINY), "smollm2": ("llama", QUICK_SMOLLM2)},
     prompts=2, prompt_length=8, new_tokens=12, sync_targets=("tiny-llama", "smollm2"),
     tune_cases=((1024, 64, 0.125),), tune_rows=8, tune_configs=((16, 16, 4, 2), (32, 32, 4, 3)),
+    step_context=16, step_tokens=5,
 )
 
 
@@ -732,8 +740,82 @@ def run_syncs(ctx: Context) -> dict[str, Any]:
     return {"rows": rows, "dtype": str(dtype), "notes": ["by_kind: host reads per step by kind"]}
 
 
+# ---------------------------------------------------------------------------------------------- trees
+
+
+def candidate_trees() -> list[dict[str, Any]]:
+    """benchmarks/device_tree.py's candidate default trees (its SWEEPS), as generate() settings."""
+    spec = importlib.util.spec_from_file_location("device_tree", Path(__file__).resolve().parent / "device_tree.py")
+    module = sys.modules.get("device_tree")
+    if module is None:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return [dict(num_draft_nodes=n, draft_depth=d, draft_top_k=k, min_draft_prob=0.0)
+            for trees in module.SWEEPS.values() for n, d, k in trees]
+
+
+def generate_ms(target: torch.nn.Module, ids: torch.Tensor, tokens: int, device: torch.device, repeats: int,
+                **kwargs: Any) -> tuple[float, Any]:
+    """(median wall ms of `target.generate` over `tokens` new tokens, the last output)."""
+    times, out = [], None
+    for _ in range(repeats):
+        _sync(device)
+        began = time.perf_counter()
+        out = target.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, **kwargs)
+        _sync(device)
+        times.append(1e3 * (time.perf_counter() - began))
+    return statistics.median(times), out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def tree_step_row(ctx: Context, target: torch.nn.Module, drafter: DynaSpecDrafter, ids: torch.Tensor,
+                  tree: dict[str, Any], plain_ms: float) -> dict[str, Any]:
+    """One tree's decoding step, end to end (draft, verify, walk, extend): ms per step from calls of 1 and
+    `step_tokens` new tokens (the difference drops the prefill), and its cost in plain steps."""
+    config = dict(generation_config=DynaSpecGenerationConfig(**tree, lookup_num_tokens=0,
+                                                             return_dict_in_generate=True), assistant_model=drafter)
+    repeats, n = max(1, ctx.plan.repeats // 10), ctx.plan.step_tokens
+    first_ms, first = generate_ms(target, ids, 1, ctx.device, repeats, **config)
+    all_ms, out = generate_ms(target, ids, n, ctx.device, repeats, **config)
+    steps = out.speculative_stats.steps - first.speculative_stats.steps
+    step_ms = (all_ms - first_ms) / max(1, steps)
+    return dict(tree=tree, steps=steps, tokens_per_step=(n - 1) / max(1, steps),
+                tree_nodes_per_step=out.speculative_stats.mean_tree_size, step_ms=step_ms, cost=step_ms / plain_ms)
+
+
+def run_trees(ctx: Context) -> dict[str, Any]:
+    """The step cost of every candidate default tree on the verify section's target, measured: what
+    benchmarks/device_tree.py otherwise models as c(1 + nodes) + depth x r."""
+    require_package()
+    plan, trees = ctx.plan, candidate_trees()
+    target = random_model("llama", plan.verify_model, ctx.dtype, ctx.device, seed=ctx.args.seed)
+    drafter = random_drafter(target, ctx)
+    ids = prompt_ids(0, plan.step_context, plan.verify_model["vocab_size"], ctx.device)
+    repeats = max(1, plan.repeats // 10)
+    generate_ms(target, ids, 2, ctx.device, 1)  # warm-up
+    first_ms, _ = generate_ms(target, ids, 1, ctx.device, repeats)
+    all_ms, _ = generate_ms(target, ids, plan.step_tokens, ctx.device, repeats)
+    plain_ms = (all_ms - first_ms) / (plan.step_tokens - 1)
+    bar = progress(len(trees), "trees")
+    rows = []
+    for tree in trees:
+        rows.append(tree_step_row(ctx, target, drafter, ids, tree, plain_ms))
+        bar.update()
+    bar.close()
+    del target, drafter
+    release_memory(ctx.device)
+    return {"rows": rows, "plain_ms_per_token": plain_ms, "context": plan.step_context,
+            "notes": ["random target and drafter: next to no draft is accepted, so every step verifies the whole "
+                      "tree and emits about one token; cost = ms per step / plain ms per token (no lookup branch)"]}
+
+
 RUNNERS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "head": run_head, "verify": run_verify, "drafter": run_drafter, "exactness": run_exactness, "syncs": run_syncs,
+    "trees": run_trees,
 }
 
 
@@ -792,6 +874,9 @@ EXACT_COLUMNS = [("target", "target"), ("dtype", "dtype"), ("tree", "tree"), ("r
 SYNC_COLUMNS = [("target", "target"), ("tree", "tree"), ("steps", "steps"), ("mean", "syncs/step mean"),
                 ("max", "max"), ("tokens_per_step", "tokens/step"), ("by_kind", "per step by kind")]
 
+TREE_COLUMNS = [("tree", "tree"), ("steps", "steps"), ("tokens_per_step", "tokens/step"),
+                ("tree_nodes_per_step", "nodes/step"), ("step_ms", "ms/step"), ("cost", "cost (plain steps)")]
+
 
 def verify_table(rows: list[dict[str, Any]]) -> list[str]:
     """n down, (context, mask) across: ms and c(n)/c(1)."""
@@ -836,6 +921,9 @@ def section_markdown(name: str, data: dict[str, Any]) -> list[str]:
         lines += ["", "Identical outputs: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in shares.items())]
     elif name == "syncs":
         lines += table(data["rows"], SYNC_COLUMNS)
+    elif name == "trees":
+        lines += [f"Plain decoding: {fmt(data['plain_ms_per_token'])} ms per token after {data['context']} prompt "
+                  "tokens.", ""] + table(data["rows"], TREE_COLUMNS)
     lines += [""] + [f"- {note}" for note in data.get("notes", [])] + [""]
     return lines
 

@@ -140,6 +140,23 @@ def test_the_model_prefers_more_tokens_per_step_until_drafting_depth_costs_more(
     assert script.choose(rows)["method"] == deep  # a tree whose output differs from plain is never chosen
 
 
+def test_a_step_cost_the_gpu_suite_measured_replaces_the_model():
+    script = load_benchmark_script("device_tree")
+    costs = script.device_costs(verify_section({1: 10.0, 64: 10.0}))
+    tree = dict(num_draft_nodes=12, draft_depth=4, draft_top_k=4, min_draft_prob=0.0)
+    gpu = {"sections": {"trees": {"rows": [dict(tree=tree, cost=2.5)]}}}
+    measured = script.measured_step_costs(gpu)
+    assert measured == {(12, 4, 4): 2.5} and script.measured_step_costs({"sections": {}}) == {}
+    method = "dynaspec[num_draft_nodes=12,draft_depth=4,draft_top_k=4,min_draft_prob=0.0]"
+    other = "dynaspec[num_draft_nodes=24,draft_depth=4,draft_top_k=4,min_draft_prob=0.0]"
+    records = [Record("plain", "qa", "1", 2.0, 30)] + [
+        Record(m, "qa", "1", 1.0, 30, True, dict(steps=10, accepted_tokens=30, tree_nodes=120)) for m in (method, other)]
+    by = {row["method"]: row for row in script.tree_rows(records, costs, r=0.1, measured=measured)}
+    assert by[method]["step_cost_source"] == "measured" and by[method]["modelled_speedup"] == pytest.approx(3.0 / 2.5)
+    assert by[method]["modelled_speedup_2r"] == pytest.approx(3.0 / (2.5 + 4 * 0.1))
+    assert by[other]["step_cost_source"] == "modelled" and by[other]["step_cost"] == pytest.approx(1.0 + 4 * 0.1)
+
+
 def test_trees_tied_within_one_percent_go_to_the_one_emitting_more_tokens():
     script = load_benchmark_script("device_tree")
     rows = [dict(method="a", mismatches=0, modelled_speedup_geomean=1.300, tokens_per_step=2.7),

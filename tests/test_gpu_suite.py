@@ -140,6 +140,17 @@ def test_syncs_are_counted(suite, run):
         assert row["tokens_per_step"] >= 1 and sum(row["by_kind"].values()) == pytest.approx(row["mean"])
 
 
+def test_trees_time_a_step_of_every_candidate_default_tree(suite, run):
+    out, _ = run
+    data = section(out, "trees")
+    trees = [row["tree"] for row in data["rows"]]
+    assert trees == suite.candidate_trees() and len(trees) > 1
+    assert data["plain_ms_per_token"] > 0
+    for row in data["rows"]:
+        assert row["steps"] >= 1 and row["step_ms"] > 0 and row["cost"] == row["step_ms"] / data["plain_ms_per_token"]
+        assert row["tokens_per_step"] >= 1 and row["tree_nodes_per_step"] > 0
+
+
 def test_markdown_is_made_from_the_json(suite, run):
     out, _ = run
     text = (out / "results.md").read_text()
