@@ -745,9 +745,9 @@ def run_syncs(ctx: Context) -> dict[str, Any]:
 
 def candidate_trees() -> list[dict[str, Any]]:
     """benchmarks/device_tree.py's candidate default trees (its SWEEPS), as generate() settings."""
-    spec = importlib.util.spec_from_file_location("device_tree", Path(__file__).resolve().parent / "device_tree.py")
-    module = sys.modules.get("device_tree")
+    module = sys.modules.get("device_tree")  # already imported (a test), else loaded from its file
     if module is None:
+        spec = importlib.util.spec_from_file_location("device_tree", Path(__file__).resolve().parent / "device_tree.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     return [dict(num_draft_nodes=n, draft_depth=d, draft_top_k=k, min_draft_prob=0.0)
@@ -776,11 +776,12 @@ def tree_step_row(ctx: Context, target: torch.nn.Module, drafter: DynaSpecDrafte
                   tree: dict[str, Any], plain_ms: float) -> dict[str, Any]:
     """One tree's decoding step, end to end (draft, verify, walk, extend): ms per step from calls of 1 and
     `step_tokens` new tokens (the difference drops the prefill), and its cost in plain steps."""
-    config = dict(generation_config=DynaSpecGenerationConfig(**tree, lookup_num_tokens=0,
-                                                             return_dict_in_generate=True), assistant_model=drafter)
+    speculative = dict(generation_config=DynaSpecGenerationConfig(**tree, lookup_num_tokens=0,
+                                                                  return_dict_in_generate=True),
+                       assistant_model=drafter)
     repeats, n = max(1, ctx.plan.repeats // 10), ctx.plan.step_tokens
-    first_ms, first = generate_ms(target, ids, 1, ctx.device, repeats, **config)
-    all_ms, out = generate_ms(target, ids, n, ctx.device, repeats, **config)
+    first_ms, first = generate_ms(target, ids, 1, ctx.device, repeats, **speculative)
+    all_ms, out = generate_ms(target, ids, n, ctx.device, repeats, **speculative)
     steps = out.speculative_stats.steps - first.speculative_stats.steps
     step_ms = (all_ms - first_ms) / max(1, steps)
     return dict(tree=tree, steps=steps, tokens_per_step=(n - 1) / max(1, steps),
