@@ -155,9 +155,9 @@ def markdown(rows: list[dict], chosen: dict | None, meta: dict) -> str:
     lines = [f"Default CUDA tree, modelled from measured costs: c(n) and r from {meta['gpu_device']} "
              f"(`{meta['gpu']}`), tokens and nodes per step from {meta['prompts']} tuning prompts on "
              f"{meta['machine']} ({', '.join(f'`{s}`' for s in meta['sweeps'])}, fp32; CPU speedups against each "
-             "run's own plain runs). One drafter call costs r = {meta['r']:.3f} plain steps; "
-             f"verification costs c(n) = {span(meta['c_min'], meta['c_max'])} plain steps for n = 2..{meta['c_sizes']} "
-             "(flat: a noisy one-token forward lifts the whole non-decreasing curve).", "",
+             f"run's own plain runs). One drafter call costs r = {meta['r']:.3f} plain steps; verification costs "
+             f"c(n) = {span(meta['c_min'], meta['c_max'])} plain steps for n = 2..{meta['c_sizes']} (made "
+             "non-decreasing, so one slow small forward lifts every larger size).", "",
              "| nodes | depth | top-k | min_draft_prob | tokens / step | nodes verified / step | c(1 + nodes) | "
              "step cost | modelled speedup | modelled, r x 2 | geometric mean | CPU speedup (measured) | "
              "differs from plain | chosen |",
@@ -208,7 +208,7 @@ def main() -> None:
     chosen = choose(rows)
     meta = dict(gpu=relative(args.gpu), gpu_device=gpu["meta"]["device"],
                 sweeps=[relative(sweep) for sweep in args.sweeps], machine=" / ".join({m["machine"] for m in sweeps}),
-                prompts=" / ".join(str(len({x.question_id for x in records})) for records in runs), r=r,
+                prompts=" / ".join(dict.fromkeys(str(len({x.question_id for x in records})) for records in runs)), r=r,
                 c_min=min(costs.costs[1:]), c_max=max(costs.costs[1:]), c_sizes=len(costs.costs),
                 costs=list(costs.costs), chosen=chosen and chosen["method"], tree=chosen and chosen["tree"])
     args.out.mkdir(parents=True, exist_ok=True)
