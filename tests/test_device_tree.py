@@ -169,3 +169,16 @@ def test_trees_tied_within_one_percent_go_to_the_one_emitting_more_tokens():
 def test_the_library_cuda_tree_is_the_one_the_committed_model_chose():
     chosen = json.loads((REPO / "benchmarks/results/cuda-default-tree/results.json").read_text())["meta"]["tree"]
     assert {k: v for k, v in chosen.items() if k != "tree_policy"} == DEFAULT_DEVICE_TREES["cuda"]
+
+
+def test_the_markdown_fills_every_figure_and_marks_the_choice():
+    script = load_benchmark_script("device_tree")
+    rows = [dict(method=m, tree=dict(num_draft_nodes=n, draft_depth=2, draft_top_k=4, min_draft_prob=0.0),
+                 tokens_per_step=t, nodes_per_step=n, verify_cost=1.5, step_cost=1.7, step_cost_source="modelled",
+                 modelled_speedup=t / 1.7, modelled_speedup_2r=t / 1.9, modelled_speedup_geomean=t / 1.8,
+                 cpu_speedup=1.0, mismatches=0, prompts=2) for m, n, t in (("a", 8, 2.0), ("b", 16, 2.5))]
+    meta = dict(gpu_device="GPU", gpu="gpu-run", prompts="2", machine="CPU", sweeps=["sweep"], r=0.1234,
+                c_min=1.5, c_max=1.5, c_sizes=64)
+    text = script.markdown(rows, script.choose(rows), meta)
+    assert "{" not in text and "r = 0.123 plain steps" in text and "c(n) = 1.50 plain steps" in text
+    assert [line.endswith("| yes |") for line in text.splitlines() if line.startswith("| 16 ")] == [True]
