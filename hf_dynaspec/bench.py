@@ -95,11 +95,12 @@ def machine_description() -> str:
 
 def write_doc_block(path: str | Path, name: str, text: str) -> None:
     """Put generated `text` between `<!-- name:begin -->` and `<!-- name:end -->` in a markdown file (appended
-    when the markers are absent): docs quote measured figures only through such blocks."""
+    when the markers are absent, into a new file when there is none): docs quote measured figures only through
+    such blocks."""
     path = Path(path)
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     block = f"{begin}\n{text}\n{end}"
-    doc = path.read_text()
+    doc = path.read_text() if path.is_file() else ""
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
     path.write_text(pattern.sub(lambda _: block, doc) if pattern.search(doc) else doc + "\n" + block + "\n")
 

@@ -196,3 +196,15 @@ def test_a_prompt_run_again_with_added_methods_counts_once(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps({"meta": {"max_new_tokens": 8}}))
     summaries = rewrite_results(tmp_path)
     assert {s.prompts for s in summaries} == {1}
+
+
+def test_doc_blocks_are_replaced_appended_or_start_a_new_file(tmp_path):
+    from hf_dynaspec.bench import write_doc_block
+
+    doc = tmp_path / "new.md"
+    write_doc_block(doc, "figures", "one")
+    assert doc.read_text() == "\n<!-- figures:begin -->\none\n<!-- figures:end -->\n"
+    write_doc_block(doc, "figures", "two")
+    write_doc_block(doc, "other", "three")
+    text = doc.read_text()
+    assert "one" not in text and text.count("<!-- figures:begin -->\ntwo\n") == 1 and "three" in text
