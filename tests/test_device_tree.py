@@ -182,3 +182,15 @@ def test_the_markdown_fills_every_figure_and_marks_the_choice():
     text = script.markdown(rows, script.choose(rows), meta)
     assert "{" not in text and "r = 0.123 plain steps" in text and "c(n) = 1.50 plain steps" in text
     assert [line.endswith("| yes |") for line in text.splitlines() if line.startswith("| 16 ")] == [True]
+
+
+@pytest.mark.parametrize("head_mode", ["dynamic", "union", "full"])
+def test_the_cuda_default_tree_keeps_greedy_exact(target, head_mode):
+    # run here on the CPU through device_trees: the same drafting, walk and verification code as on CUDA
+    drafter = tiny_drafter(target)
+    ids = prompt(7, seed=3)
+    config = DynaSpecGenerationConfig(max_new_tokens=24, head_mode=head_mode, return_dict_in_generate=True,
+                                      device_trees={"cpu": DEFAULT_DEVICE_TREES["cuda"]})
+    out = target.generate(ids, generation_config=config, assistant_model=drafter)
+    assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=24, do_sample=False))
+    assert out.speculative_stats.mean_tree_size > DEFAULT_SETTINGS["num_draft_nodes"]  # the large tree was drafted
