@@ -780,6 +780,7 @@ def tree_step_row(ctx: Context, target: torch.nn.Module, drafter: DynaSpecDrafte
                                                                   return_dict_in_generate=True),
                        assistant_model=drafter)
     repeats, n = max(1, ctx.plan.repeats // 10), ctx.plan.step_tokens
+    generate_ms(target, ids, n, ctx.device, 1, **speculative)  # warm-up: Triton compiles per shape class
     first_ms, first = generate_ms(target, ids, 1, ctx.device, repeats, **speculative)
     all_ms, out = generate_ms(target, ids, n, ctx.device, repeats, **speculative)
     steps = out.speculative_stats.steps - first.speculative_stats.steps
