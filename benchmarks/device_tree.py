@@ -51,7 +51,7 @@ from hf_dynaspec.generation.stats import SpeculativeStats  # noqa: E402
 
 if TYPE_CHECKING:
     from hf_dynaspec.bench import Record
-# hf_dynaspec.bench is imported where used: gpu_suite.py reads SWEEPS on machines without its `evaluate`
+# hf_dynaspec.bench is imported where used: the GPU suite (gpu_decoding.py) reads SWEEPS on machines without `evaluate`
 
 DRAFTER_SHAPE = "llama3-8b"  # the suite's drafter shape that matches its verify section's target
 DRAFT_HEAD = "dynamic"  # the library's default head mode

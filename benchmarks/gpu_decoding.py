@@ -1,0 +1,236 @@
+"""The GPU suite's decoding sections (`benchmarks/gpu_suite.py` runs them): greedy exactness against plain
+greedy, host synchronisations per step, and the end-to-end step cost of each candidate default tree.
+
+    python benchmarks/gpu_suite.py --quick --device cpu --sections exactness syncs trees --out /tmp/gpu-suite
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import torch
+from gpu_common import (  # noqa: E402
+    Context,
+    DynaSpecDrafter,
+    DynaSpecGenerationConfig,
+    HostSyncCounter,
+    decoding,
+    progress,
+    prompt_ids,
+    random_model,
+    release_memory,
+    require_package,
+)
+from gpu_timing import random_drafter  # noqa: E402
+from tqdm.auto import tqdm
+
+# ---------------------------------------------------------------------------------------------- exactness
+
+
+def first_divergence(plain: list[int], spec: list[int]) -> int | None:
+    """Index of the first differing generated token (or the shorter length), None when equal."""
+    for i, (a, b) in enumerate(zip(plain, spec)):
+        if a != b:
+            return i
+    return None if len(plain) == len(spec) else min(len(plain), len(spec))
+
+
+def logit_gap(target: torch.nn.Module, plain: torch.Tensor, position: int, spec_token: int) -> float:
+    """The target's logit of plain greedy's pick minus that of the speculative pick at `position` of plain
+    (1, L), recomputed without a cache: small values mean a near-tie (numerics, not a bug)."""
+    logits = target(input_ids=plain[:, :position]).logits[0, -1].float()  # (V,)
+    return float(logits[int(plain[0, position])] - logits[spec_token])
+
+
+def exact_runs(ctx: Context, name: str, family: str, fields: dict[str, Any], dtype: torch.dtype,
+               bar: tqdm) -> list[dict[str, Any]]:
+    """Every prompt x tree of one target in one dtype."""
+    plan = ctx.plan
+    target = random_model(family, fields, dtype, ctx.device, seed=ctx.args.seed)
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=plan.num_clusters, seed=ctx.args.seed).eval()
+    rows = []
+    for p in range(plan.prompts):
+        ids = prompt_ids(p, plan.prompt_length, fields["vocab_size"], ctx.device)  # (1, L)
+        plain = target.generate(ids, do_sample=False, max_new_tokens=plan.new_tokens)
+        for tree, settings in plan.trees.items():
+            config = DynaSpecGenerationConfig(**settings, max_new_tokens=plan.new_tokens, do_sample=False)
+            spec = target.generate(ids, generation_config=config, assistant_model=drafter)
+            a, b = plain[0, ids.shape[1]:].tolist(), spec[0, ids.shape[1]:].tolist()
+            first = first_divergence(a, b)
+            gap = logit_gap(target, plain, ids.shape[1] + first, b[first]) if first is not None and first < min(
+                len(a), len(b)) else None
+            rows.append(dict(target=name, family=family, dtype=str(dtype).removeprefix("torch."), prompt=p,
+                             tree=tree, identical=a == b, first_divergence=first, logit_gap=gap, new_tokens=len(a)))
+            bar.update()
+    del target, drafter
+    release_memory(ctx.device)
+    return rows
+
+
+def exactness_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (target, dtype, tree): runs, identical share, the first divergences."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["target"], r["dtype"], r["tree"]), []).append(r)
+    return [
+        dict(target=t, dtype=dt, tree=tree, runs=len(g), identical_share=sum(r["identical"] for r in g) / len(g),
+             first_divergences=[r["first_divergence"] for r in g if r["first_divergence"] is not None],
+             logit_gaps=[r["logit_gap"] for r in g if r["logit_gap"] is not None])
+        for (t, dt, tree), g in groups.items()
+    ]
+
+
+def run_exactness(ctx: Context) -> dict[str, Any]:
+    require_package()
+    plan = ctx.plan
+    dtypes = (torch.float32, torch.bfloat16)
+    bar = progress(len(plan.exact_targets) * len(dtypes) * plan.prompts * len(plan.trees), "exactness")
+    rows: list[dict[str, Any]] = []
+    for name, (family, fields) in plan.exact_targets.items():
+        for dtype in dtypes:
+            rows += exact_runs(ctx, name, family, fields, dtype, bar)
+    bar.close()
+    targets = {name: {"family": family, **fields} for name, (family, fields) in plan.exact_targets.items()}
+    by_dtype = {}
+    for dtype in sorted({r["dtype"] for r in rows}):
+        same = [r["identical"] for r in rows if r["dtype"] == dtype]
+        by_dtype[dtype] = sum(same) / len(same)
+    return {"rows": rows, "summary": exactness_summary(rows), "identical_share_by_dtype": by_dtype,
+            "targets": targets, "trees": plan.trees,
+            "notes": ["fresh (untrained) drafters: acceptance is low, exactness is what counts",
+                      "logit gap: the target's logit of plain greedy's pick minus the speculative pick's, at the "
+                      "first divergence (recomputed without a cache); near 0: a numerical near-tie"]}
+
+
+# ---------------------------------------------------------------------------------------------- syncs
+
+
+def count_syncs(target: torch.nn.Module, drafter: DynaSpecDrafter, ids: torch.Tensor,
+                config: DynaSpecGenerationConfig) -> list[tuple[int, int, Counter[str]]]:
+    """(host reads, tokens emitted, reads by kind) of every decoding step of one generate() call."""
+    steps: list[tuple[int, int, Counter[str]]] = []
+    original = decoding.speculative_step
+
+    def counted(target_: torch.nn.Module, generator: Any, run: Any, *args: Any, **kwargs: Any) -> None:
+        before = run.input_ids.shape[1]
+        with HostSyncCounter() as counter:
+            original(target_, generator, run, *args, **kwargs)
+        steps.append((counter.total, run.input_ids.shape[1] - before, counter.counts))
+
+    with mock.patch.object(decoding, "speculative_step", counted):
+        target.generate(ids, generation_config=config, assistant_model=drafter)
+    return steps
+
+
+def sync_row(name: str, tree: str, steps: list[tuple[int, int, Counter[str]]]) -> dict[str, Any]:
+    reads = [s[0] for s in steps]
+    kinds: Counter[str] = Counter()
+    for _, _, counts in steps:
+        kinds.update(counts)
+    return dict(target=name, tree=tree, steps=len(steps), mean=statistics.fmean(reads) if reads else 0.0,
+                max=max(reads, default=0), tokens_per_step=statistics.fmean(s[1] for s in steps) if steps else 0.0,
+                by_kind={k: v / max(1, len(steps)) for k, v in kinds.most_common()})
+
+
+def run_syncs(ctx: Context) -> dict[str, Any]:
+    require_package()
+    plan = ctx.plan
+    dtype = ctx.dtype if ctx.device.type == "cuda" else torch.float32
+    bar = progress(len(plan.sync_targets) * len(plan.trees), "syncs")
+    rows = []
+    for name in plan.sync_targets:
+        family, fields = plan.exact_targets[name]
+        target = random_model(family, fields, dtype, ctx.device, seed=ctx.args.seed)
+        drafter = DynaSpecDrafter.from_target(target, num_clusters=plan.num_clusters, seed=ctx.args.seed).eval()
+        ids = prompt_ids(1, plan.prompt_length, fields["vocab_size"], ctx.device)
+        for tree, settings in plan.trees.items():
+            config = DynaSpecGenerationConfig(**settings, max_new_tokens=plan.new_tokens, do_sample=False)
+            rows.append(sync_row(name, tree, count_syncs(target, drafter, ids, config)))
+            bar.update()
+        del target, drafter
+        release_memory(ctx.device)
+    bar.close()
+    return {"rows": rows, "dtype": str(dtype), "notes": ["by_kind: host reads per step by kind"]}
+
+
+# ---------------------------------------------------------------------------------------------- trees
+
+
+def candidate_trees() -> list[dict[str, Any]]:
+    """benchmarks/device_tree.py's candidate default trees (its SWEEPS), as generate() settings."""
+    module = sys.modules.get("device_tree")  # already imported (a test), else loaded from its file
+    if module is None:
+        spec = importlib.util.spec_from_file_location("device_tree", Path(__file__).resolve().parent / "device_tree.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return [dict(num_draft_nodes=n, draft_depth=d, draft_top_k=k, min_draft_prob=0.0)
+            for trees in module.SWEEPS.values() for n, d, k in trees]
+
+
+def generate_ms(target: torch.nn.Module, ids: torch.Tensor, tokens: int, device: torch.device, repeats: int,
+                **kwargs: Any) -> tuple[float, Any]:
+    """(median wall ms of `target.generate` over `tokens` new tokens, the last output)."""
+    times, out = [], None
+    for _ in range(repeats):
+        _sync(device)
+        began = time.perf_counter()
+        out = target.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, **kwargs)
+        _sync(device)
+        times.append(1e3 * (time.perf_counter() - began))
+    return statistics.median(times), out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def tree_step_row(ctx: Context, target: torch.nn.Module, drafter: DynaSpecDrafter, ids: torch.Tensor,
+                  tree: dict[str, Any], plain_ms: float) -> dict[str, Any]:
+    """One tree's decoding step, end to end (draft, verify, walk, extend): ms per step from calls of 1 and
+    `step_tokens` new tokens (the difference drops the prefill), and its cost in plain steps."""
+    speculative = dict(generation_config=DynaSpecGenerationConfig(**tree, lookup_num_tokens=0,
+                                                                  return_dict_in_generate=True),
+                       assistant_model=drafter)
+    repeats, n = max(1, ctx.plan.repeats // 10), ctx.plan.step_tokens
+    generate_ms(target, ids, n, ctx.device, 1, **speculative)  # warm-up: Triton compiles per shape class
+    first_ms, first = generate_ms(target, ids, 1, ctx.device, repeats, **speculative)
+    all_ms, out = generate_ms(target, ids, n, ctx.device, repeats, **speculative)
+    steps = out.speculative_stats.steps - first.speculative_stats.steps
+    step_ms = (all_ms - first_ms) / max(1, steps)
+    return dict(tree=tree, steps=steps, tokens_per_step=(n - 1) / max(1, steps),
+                tree_nodes_per_step=out.speculative_stats.mean_tree_size, step_ms=step_ms, cost=step_ms / plain_ms)
+
+
+def run_trees(ctx: Context) -> dict[str, Any]:
+    """The step cost of every candidate default tree on the verify section's target, measured: what
+    benchmarks/device_tree.py otherwise models as c(1 + nodes) + depth x r."""
+    require_package()
+    plan, trees = ctx.plan, candidate_trees()
+    target = random_model("llama", plan.verify_model, ctx.dtype, ctx.device, seed=ctx.args.seed)
+    drafter = random_drafter(target, ctx)
+    ids = prompt_ids(0, plan.step_context, plan.verify_model["vocab_size"], ctx.device)
+    repeats = max(1, plan.repeats // 10)
+    generate_ms(target, ids, 2, ctx.device, 1)  # warm-up
+    first_ms, _ = generate_ms(target, ids, 1, ctx.device, repeats)
+    all_ms, _ = generate_ms(target, ids, plan.step_tokens, ctx.device, repeats)
+    plain_ms = (all_ms - first_ms) / (plan.step_tokens - 1)
+    bar = progress(len(trees), "trees")
+    rows = []
+    for tree in trees:
+        rows.append(tree_step_row(ctx, target, drafter, ids, tree, plain_ms))
+        bar.update()
+    bar.close()
+    del target, drafter
+    release_memory(ctx.device)
+    return {"rows": rows, "plain_ms_per_token": plain_ms, "context": plan.step_context,
+            "notes": ["random target and drafter: next to no draft is accepted, so every step verifies the whole "
+                      "tree and emits about one token; cost = ms per step / plain ms per token (no lookup branch)"]}
