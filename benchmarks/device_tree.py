@@ -116,7 +116,7 @@ def tree_rows(records: list[Record], costs: VerifyCosts, r: float, measured: dic
             continue  # plain
         stats = SpeculativeStats.merged([SpeculativeStats.from_dict(x.stats) for x in records
                                          if x.method == method and x.stats is not None])
-        tokens, nodes = stats.accepted_tokens / stats.steps, stats.tree_nodes / stats.steps
+        tokens, nodes = stats.mean_accepted_length, stats.mean_tree_size
         depth = settings["draft_depth"]
         verify = costs(round(1 + nodes))  # c of the mean verified size (root + drafts)
         step = (measured or {}).get(tree_key(settings))

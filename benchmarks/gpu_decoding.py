@@ -6,13 +6,8 @@ greedy, host synchronisations per step, and the end-to-end step cost of each can
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import statistics
-import sys
-import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -28,6 +23,7 @@ from gpu_common import (  # noqa: E402
     random_model,
     release_memory,
     require_package,
+    time_ms,
 )
 from gpu_timing import random_drafter  # noqa: E402
 from tqdm.auto import tqdm
@@ -166,48 +162,41 @@ def run_syncs(ctx: Context) -> dict[str, Any]:
 
 def candidate_trees() -> list[dict[str, Any]]:
     """benchmarks/device_tree.py's candidate default trees (its SWEEPS), as generate() settings."""
-    module = sys.modules.get("device_tree")  # already imported (a test), else loaded from its file
-    if module is None:
-        spec = importlib.util.spec_from_file_location("device_tree", Path(__file__).resolve().parent / "device_tree.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    import device_tree  # a sibling: gpu_suite puts benchmarks/ on sys.path
+
     return [dict(num_draft_nodes=n, draft_depth=d, draft_top_k=k, min_draft_prob=0.0)
-            for trees in module.SWEEPS.values() for n, d, k in trees]
+            for trees in device_tree.SWEEPS.values() for n, d, k in trees]
 
 
-def generate_ms(target: torch.nn.Module, ids: torch.Tensor, tokens: int, device: torch.device, repeats: int,
-                **kwargs: Any) -> tuple[float, Any]:
-    """(median wall ms of `target.generate` over `tokens` new tokens, the last output)."""
-    times, out = [], None
-    for _ in range(repeats):
-        _sync(device)
-        began = time.perf_counter()
-        out = target.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, **kwargs)
-        _sync(device)
-        times.append(1e3 * (time.perf_counter() - began))
-    return statistics.median(times), out
+def generate_timed(ctx: Context, target: torch.nn.Module, ids: torch.Tensor, tokens: int, warmup: int = 0,
+                   **kwargs: Any) -> tuple[float, Any]:
+    """(median ms of `target.generate` over `tokens` new tokens, timed as every section times (`time_ms`), the
+    last output)."""
+    outputs = []
+    call = lambda: outputs.append(target.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens,  # noqa: E731
+                                                  do_sample=False, **kwargs))
+    return time_ms(call, ctx.device, max(1, ctx.plan.repeats // 10), warmup), outputs[-1]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def step_ms(ctx: Context, target: torch.nn.Module, ids: torch.Tensor, **kwargs: Any) -> tuple[float, int, Any]:
+    """(ms per decoding step, steps, output) from calls of `step_tokens` and of 1 new token (the difference drops
+    the prefill), the first after one untimed call (Triton compiles per shape class). Plain decoding takes one
+    step per token after the first; a speculative call counts its steps."""
+    n = ctx.plan.step_tokens
+    all_ms, out = generate_timed(ctx, target, ids, n, warmup=1, **kwargs)
+    first_ms, first = generate_timed(ctx, target, ids, 1, **kwargs)
+    stats = getattr(out, "speculative_stats", None)
+    steps = n - 1 if stats is None else stats.steps - first.speculative_stats.steps
+    return (all_ms - first_ms) / max(1, steps), steps, out
 
 
 def tree_step_row(ctx: Context, target: torch.nn.Module, drafter: DynaSpecDrafter, ids: torch.Tensor,
                   tree: dict[str, Any], plain_ms: float) -> dict[str, Any]:
-    """One tree's decoding step, end to end (draft, verify, walk, extend): ms per step from calls of 1 and
-    `step_tokens` new tokens (the difference drops the prefill), and its cost in plain steps."""
-    speculative = dict(generation_config=DynaSpecGenerationConfig(**tree, lookup_num_tokens=0,
-                                                                  return_dict_in_generate=True),
-                       assistant_model=drafter)
-    repeats, n = max(1, ctx.plan.repeats // 10), ctx.plan.step_tokens
-    generate_ms(target, ids, n, ctx.device, 1, **speculative)  # warm-up: Triton compiles per shape class
-    first_ms, first = generate_ms(target, ids, 1, ctx.device, repeats, **speculative)
-    all_ms, out = generate_ms(target, ids, n, ctx.device, repeats, **speculative)
-    steps = out.speculative_stats.steps - first.speculative_stats.steps
-    step_ms = (all_ms - first_ms) / max(1, steps)
-    return dict(tree=tree, steps=steps, tokens_per_step=(n - 1) / max(1, steps),
-                tree_nodes_per_step=out.speculative_stats.mean_tree_size, step_ms=step_ms, cost=step_ms / plain_ms)
+    """One tree's decoding step, end to end (draft, verify, walk, extend), and its cost in plain steps."""
+    config = DynaSpecGenerationConfig(**tree, lookup_num_tokens=0, return_dict_in_generate=True)
+    ms, steps, out = step_ms(ctx, target, ids, generation_config=config, assistant_model=drafter)
+    return dict(tree=tree, steps=steps, tokens_per_step=(ctx.plan.step_tokens - 1) / max(1, steps),
+                tree_nodes_per_step=out.speculative_stats.mean_tree_size, step_ms=ms, cost=ms / plain_ms)
 
 
 def run_trees(ctx: Context) -> dict[str, Any]:
@@ -218,11 +207,7 @@ def run_trees(ctx: Context) -> dict[str, Any]:
     target = random_model("llama", plan.verify_model, ctx.dtype, ctx.device, seed=ctx.args.seed)
     drafter = random_drafter(target, ctx)
     ids = prompt_ids(0, plan.step_context, plan.verify_model["vocab_size"], ctx.device)
-    repeats = max(1, plan.repeats // 10)
-    generate_ms(target, ids, 2, ctx.device, 1)  # warm-up
-    first_ms, _ = generate_ms(target, ids, 1, ctx.device, repeats)
-    all_ms, _ = generate_ms(target, ids, plan.step_tokens, ctx.device, repeats)
-    plain_ms = (all_ms - first_ms) / (plan.step_tokens - 1)
+    plain_ms, _, _ = step_ms(ctx, target, ids)
     bar = progress(len(trees), "trees")
     rows = []
     for tree in trees:
