@@ -1,0 +1,175 @@
+"""Multilingual text for the Gemma 3 corpus, written by Gemma itself, and the held-out language slices.
+
+Gemma 3 270M is a base model trained on 140+ languages: asked few-shot to translate an English prompt
+("English: ...\\n<Language>: ..." x 3, `languages.few_shot_prompt`), it writes the translation and then more
+English / <Language> pairs of its own. The English prompts are those of the English corpus (`build_corpus.py`:
+SmolLM2's Magpie questions and the shared GSM8K / GPTeacher mixes; one line, 15-250 characters). Three stages,
+each resumable:
+
+1. `heldout`: seeds reserved by hash (`is_reserved`: never translated into the corpus) translated into every
+   language; the first line of each translation that reads as that language (`languages.in_language`) is a
+   held-out prompt, --slice-size per language, in `data/multilingual_slice.jsonl` (a bench prompt file:
+   question_id, category `lang-<code>`, prompt, seed). Nothing of this stage enters the corpus.
+2. `translate`: --seeds per language of the other seeds, translated the same way into the corpus (sources
+   `translate-<code>`): translation is training text too.
+3. `answer`: the questions read back from those translations (their first line and the `<Language>: ...` lines
+   Gemma went on to write), kept when they read as the language, deduplicated and never a held-out prompt, go to
+   `data/multilingual_questions.jsonl` and are answered into the corpus as they are or as
+   "Question: ...\\nAnswer:" (sources `plain-<code>`, `qa-<code>`).
+Answers are greedy and end where they start repeating themselves, as in `build_corpus.py`.
+
+    python recipes/gemma3/multilingual.py heldout && python recipes/gemma3/multilingual.py translate
+    python recipes/gemma3/multilingual.py answer
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from build_corpus import questions  # noqa: E402
+from languages import LANGUAGES, few_shot_prompt, in_language  # noqa: E402
+
+from hf_dynaspec.targets import PROMPT_FORMATS, load_target  # noqa: E402
+from hf_dynaspec.training.corpus import (  # noqa: E402
+    answers_until_loop,
+    eos_token_ids,
+    load_corpus,
+    pad_token_id,
+    prompt_key,
+    write_answers,
+)
+
+SLICE = Path("data/multilingual_slice.jsonl")
+QUESTIONS = Path("data/multilingual_questions.jsonl")
+LOOPED = re.compile(r"(.{3,}?)\1{2,}")  # a span said three times running: a greedy loop, not a question
+RESERVE_EVERY = 40  # one seed in this many (by hash) is reserved for the held-out slices
+
+
+def is_reserved(seed: str) -> bool:
+    """Whether an English seed is held out: it is never translated into the corpus."""
+    return int(prompt_key(seed)[:8], 16) % RESERVE_EVERY == 0
+
+
+def english_seeds() -> list[str]:
+    """One-line English prompts of the English corpus, deduplicated, in a fixed order."""
+    texts = {r["prompt"].strip() for r in questions()}
+    return sorted(t for t in texts if "\n" not in t and 15 <= len(t) <= 250)
+
+
+def translations(answer: str, code: str) -> list[str]:
+    """The questions in language `code` of a translation answer: its first line, then the text of every
+    `<Language>: ...` line Gemma wrote after it, kept when they read as the language (examples excluded)."""
+    name, examples = LANGUAGES[code]["name"], set(LANGUAGES[code]["examples"])
+    lines = answer.split("\n")
+    found = [lines[0].strip()] + [ln[len(name) + 1:].strip() for ln in lines[1:] if ln.startswith(f"{name}:")]
+    return [q for q in found if 10 <= len(q) <= 300 and q not in examples and not LOOPED.search(q)
+            and in_language(q, code)]
+
+
+def greedy_texts(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
+    """Greedy answers of `prompts` (plain text, ending where they loop), decoded."""
+    ids = [tokenizer(p).input_ids for p in prompts]
+    answers = answers_until_loop(model, ids, max_new_tokens, batch_size, pad_token_id(tokenizer, model),
+                                 eos_token_ids(model), span=16, segment=max_new_tokens)
+    return [tokenizer.decode(a, skip_special_tokens=True) for a in answers]
+
+
+def heldout(model, tokenizer, args) -> None:
+    """Stage 1: `args.slice_size` held-out prompts per language from the reserved seeds."""
+    reserved = [s for s in english_seeds() if is_reserved(s)]
+    random.Random(args.seed).shuffle(reserved)
+    seeds = reserved[: args.slice_size * 2]  # translations that fail the language check are dropped
+    rows = []
+    for code in LANGUAGES:
+        texts = greedy_texts(model, tokenizer, [few_shot_prompt(s, code) for s in seeds], 48, args.batch_size)
+        kept = [(s, t.split("\n")[0].strip()) for s, t in zip(seeds, texts)]
+        kept = [(s, q) for s, q in kept if q in translations(q, code)][: args.slice_size]
+        rows += [{"question_id": f"{code}-{i:03d}", "category": f"lang-{code}", "prompt": q, "seed": s}
+                 for i, (s, q) in enumerate(kept)]
+        print(f"{code}: {len(kept)} held-out prompts from {len(seeds)} seeds")
+    SLICE.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def translate_records(seeds_per_language: int, seed: int) -> list[dict]:
+    """Stage 2's records: per language, its own sample of the unreserved seeds in the few-shot prompt."""
+    pool = [s for s in english_seeds() if not is_reserved(s)]
+    records = []
+    for i, code in enumerate(LANGUAGES):
+        sample = random.Random(seed * 1000 + i).sample(pool, min(seeds_per_language, len(pool)))
+        records += [{"prompt": few_shot_prompt(s, code), "source": f"translate-{code}"} for s in sample]
+    return records
+
+
+def language_of(prompt: str) -> str | None:
+    """The language a few-shot translation prompt asks for (its last line is `<Language>:`), or None."""
+    last = prompt.rsplit("\n", 1)[-1]
+    return next((c for c, v in LANGUAGES.items() if last == f"{v['name']}:" and "English: " in prompt), None)
+
+
+def read_questions(corpus: Path, tokenizer) -> list[dict]:
+    """Questions per language from the translations in the corpus, deduplicated, minus the held-out prompts."""
+    held = {json.loads(line)["prompt"] for line in SLICE.read_text().splitlines()}
+    seen, rows = set(held), []
+    for conv in load_corpus(corpus):
+        prompt = tokenizer.decode(conv.input_ids[: conv.prompt_length], skip_special_tokens=True)
+        code = language_of(prompt)
+        if code is None:
+            continue
+        for q in translations(tokenizer.decode(conv.input_ids[conv.prompt_length:], skip_special_tokens=True), code):
+            if q not in seen:
+                seen.add(q)
+                rows.append({"prompt": q, "language": code})
+    return rows
+
+
+def answer_records(rows: list[dict], qa_share: float, seed: int) -> list[dict]:
+    """Stage 3's records: each question asked as it is or, with probability `qa_share`, in the qa format."""
+    rng = random.Random(seed)
+    out = []
+    for row in rows:
+        fmt = "qa" if rng.random() < qa_share else "plain"
+        out.append({"prompt": PROMPT_FORMATS[fmt].format(prompt=row["prompt"]), "source": f"{fmt}-{row['language']}"})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("stage", choices=("heldout", "translate", "answer"))
+    parser.add_argument("--corpus", default="data/corpus/gemma3", help="corpus folder the stages append to")
+    parser.add_argument("--slice-size", type=int, default=16, help="held-out prompts per language")
+    parser.add_argument("--seeds", type=int, default=400, help="English seeds translated per language (stage 2)")
+    parser.add_argument("--max-questions", type=int, default=1600, help="questions answered per language (stage 3)")
+    parser.add_argument("--qa-share", type=float, default=0.6, help="share of questions asked in the qa format")
+    parser.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap (stage 3)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_target("gemma3", dtype=torch.bfloat16)
+    if args.stage == "heldout":
+        return heldout(model, tokenizer, args)
+    if args.stage == "translate":
+        records = translate_records(args.seeds, args.seed)
+        max_new = 96
+    else:
+        rows = read_questions(Path(args.corpus), tokenizer)
+        per_language = {c: [r for r in rows if r["language"] == c][: args.max_questions] for c in LANGUAGES}
+        rows = [r for c in LANGUAGES for r in per_language[c]]
+        QUESTIONS.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        print({c: len(v) for c, v in per_language.items()})
+        records, max_new = answer_records(rows, args.qa_share, args.seed), args.max_new_tokens
+    write_answers(model, tokenizer, records, args.corpus, max_new, args.batch_size, chat_template=False,
+                  stop_repeats=16, segment=64)
+
+
+if __name__ == "__main__":
+    main()
