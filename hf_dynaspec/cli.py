@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--layers", type=int, nargs="+", default=None,
                       help="EAGLE-3: target hidden states read (indices into output_hidden_states); default low, "
                            "middle, high as EAGLE-3 picks them")
+    init.add_argument("--hidden-act", default=None,
+                      help="the drafter layer's MLP activation; default silu, the one EAGLE-3 servers (vLLM) take")
+    init.add_argument("--intermediate-size", type=int, default=None,
+                      help="the drafter layer's MLP width; default the target's")
     init.set_defaults(func=cmd_init)
 
     gen = sub.add_parser("generate", help="generate with plain greedy and with DynaSpec, compare")
@@ -316,7 +320,8 @@ def verify_costs_arg(text: str) -> str | list[float]:
 def cmd_init(args: argparse.Namespace) -> int:
     target, tokenizer = target_from_args(args)
     kwargs = {k: v for k, v in (("shortlist_k0", args.k0), ("shortlist_k1", args.k1),
-                                ("target_layer_ids", args.layers)) if v is not None}
+                                ("target_layer_ids", args.layers), ("layer_hidden_act", args.hidden_act),
+                                ("layer_intermediate_size", args.intermediate_size)) if v is not None}
     kwargs["drafter_architecture"] = args.architecture
     start = time.perf_counter()
     drafter = DynaSpecDrafter.from_target(target, num_clusters=args.num_clusters, seed=args.seed, **kwargs)

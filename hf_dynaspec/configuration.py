@@ -31,6 +31,7 @@ _DROPPED_TARGET_KEYS = (
 SCHEDULES = ("linear", "exponential")
 ARCHITECTURES = ("eagle1", "eagle3")
 LAYER_FAMILY = "llama"  # the drafter layer of every new drafter, whatever the target's family (as vLLM / SGLang)
+SERVED_ACTIVATION = "silu"  # the only MLP activation vLLM's EAGLE-3 layer takes: every new drafter's
 
 
 def eagle3_layer_ids(num_layers: int) -> list[int]:
@@ -76,6 +77,10 @@ class DynaSpecConfig(PretrainedConfig):
             used by `head_mode="static"`; 0 when the checkpoint carries none.
         static_shortlist_ranked (`bool`, *optional*): the stored static tokens are in frequency order (most
             frequent first), so a call can keep only the first N (`static_size`); False for lists stored by id.
+        layer_hidden_act (`str`, *optional*): the drafter layer's MLP activation (a transformers `ACT2FN` name).
+            New drafters use "silu", the one EAGLE-3 servers take (`from_target_config`); None (drafters saved
+            before this field) means the target's own activation.
+        layer_intermediate_size (`int`, *optional*): the drafter layer's MLP width; None means the target's.
         target_name_or_path (`str`, *optional*): where the target came from (informational).
         bos_token_id / eos_token_id / pad_token_id: the target's special tokens (same tokenizer).
     """
@@ -100,6 +105,8 @@ class DynaSpecConfig(PretrainedConfig):
         layer_family: str | None = None,
         drafter_architecture: str = "eagle1",
         target_layer_ids: list[int] | None = None,
+        layer_hidden_act: str | None = None,
+        layer_intermediate_size: int | None = None,
         bos_token_id: int | None = None,
         eos_token_id: int | list[int] | None = None,
         pad_token_id: int | None = None,
@@ -125,6 +132,8 @@ class DynaSpecConfig(PretrainedConfig):
         if drafter_architecture == "eagle3" and target_layer_ids is None:
             target_layer_ids = eagle3_layer_ids(num_layers)
         self.target_layer_ids = [int(i) for i in target_layer_ids or []]
+        self.layer_hidden_act = layer_hidden_act
+        self.layer_intermediate_size = layer_intermediate_size
         # the target's special tokens: transformers compares them to decide whether tokenizers are shared
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
@@ -156,6 +165,7 @@ class DynaSpecConfig(PretrainedConfig):
                     f"DynaSpecConfig.{name} ({getattr(self, name)}) cannot exceed num_clusters ({self.num_clusters})."
                 )
         self._validate_architecture()
+        self._validate_layer()
         if self.shortlist_schedule not in SCHEDULES:
             raise ValueError(f"shortlist_schedule must be one of {SCHEDULES}, got {self.shortlist_schedule!r}.")
         bad = [i for i in self.always_include_ids if not 0 <= int(i) < self.vocab_size]
@@ -183,6 +193,19 @@ class DynaSpecConfig(PretrainedConfig):
                 f"target_layer_ids {self.target_layer_ids} must be a non-empty list of indices into the target's "
                 f"hidden states, 0..{num_layers} (0: embeddings, i: output of layer i - 1)."
             )
+
+    def _validate_layer(self) -> None:
+        from transformers.activations import ACT2FN
+
+        if self.layer_hidden_act is not None and self.layer_hidden_act not in ACT2FN:
+            raise ValueError(f"layer_hidden_act must be a transformers activation name (e.g. 'silu'), got "
+                             f"{self.layer_hidden_act!r}.")
+        size = self.layer_intermediate_size
+        if size is not None and (not isinstance(size, int) or size < 1):
+            raise ValueError(f"layer_intermediate_size must be a positive integer or None, got {size!r}.")
+        if (self.layer_hidden_act or size) and self.layer_family != LAYER_FAMILY:
+            raise ValueError(f"layer_hidden_act / layer_intermediate_size set the Llama drafter layer's MLP: they "
+                             f"need layer_family={LAYER_FAMILY!r}, this config has {self.layer_family!r}.")
 
     @property
     def feature_layer_ids(self) -> list[int]:
@@ -212,6 +235,10 @@ class DynaSpecConfig(PretrainedConfig):
         if self.layer_family == LAYER_FAMILY:
             fields = llama_layer_fields(self.target_config)
             fields.update(hidden_size=self.hidden_size, vocab_size=self.vocab_size)
+            if self.layer_hidden_act is not None:
+                fields["hidden_act"] = self.layer_hidden_act
+            if self.layer_intermediate_size is not None:
+                fields["intermediate_size"] = self.layer_intermediate_size
             layer_config = AutoConfig.for_model(LAYER_FAMILY, **fields)
         elif self.layer_family == self.target_model_type:
             fields = {k: v for k, v in self.target_config.items() if k not in _DROPPED_TARGET_KEYS}
@@ -244,6 +271,8 @@ class DynaSpecConfig(PretrainedConfig):
             kwargs.setdefault(name, getattr(text_config, name, None))
         kwargs.setdefault("layer_family", LAYER_FAMILY)
         kwargs.setdefault("drafter_architecture", "eagle3")
+        if kwargs["layer_family"] == LAYER_FAMILY:
+            kwargs.setdefault("layer_hidden_act", SERVED_ACTIVATION)
         return cls(
             vocab_size=text_config.vocab_size,
             hidden_size=text_config.hidden_size,

@@ -70,7 +70,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import LlamaConfig, PreTrainedModel
 
-from .configuration import DynaSpecConfig, eagle3_layer_ids
+from .configuration import SERVED_ACTIVATION, DynaSpecConfig, eagle3_layer_ids
 from .head import LogitTransform
 from .modeling import DynaSpecDrafter
 from .router import select_clusters
@@ -143,7 +143,8 @@ def draft_vocabulary(
     """(N,) ascending target ids, the EOS ids always in. With `token_counts` (V,): the `draft_vocab_size` (default
     `DEFAULT_DRAFT_VOCAB`) most frequent tokens (ties: lower id). Without: the drafter's static shortlist (ranked,
     most frequent first), all of it or its first `draft_vocab_size` tokens."""
-    vocab_size, eos = drafter.config.vocab_size, torch.tensor(sorted(set(drafter.config.always_include_ids)))
+    vocab_size = drafter.config.vocab_size
+    eos = torch.tensor(sorted(set(drafter.config.always_include_ids)), dtype=torch.long)  # (E,), E may be 0
     if token_counts is None:
         if drafter.static_token_ids.numel() == 0:
             raise ValueError(
@@ -236,11 +237,23 @@ def layer_ids_from_config(spec: dict[str, Any], num_layers: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------- export
 
 
-def layer_config_fields(drafter: DynaSpecDrafter, vocab_size: int) -> dict[str, Any]:
-    """The Llama config keys both servers read for the draft layer (legacy rope keys and `rope_parameters`)."""
+def servable_layer(drafter: DynaSpecDrafter) -> LlamaConfig:
+    """The drafter layer's config, or `ValueError` saying what the EAGLE-3 servers would refuse in it."""
     layer = drafter.config.build_layer_config()
     if layer.attention_bias or getattr(layer, "mlp_bias", False):
         raise ValueError("The drafter layer has biases: SGLang's EAGLE-3 loader builds q/k/v without bias.")
+    if layer.hidden_act != SERVED_ACTIVATION:
+        raise ValueError(
+            f"The drafter layer's MLP uses {layer.hidden_act!r}; vLLM's EAGLE-3 layer takes only "
+            f"{SERVED_ACTIVATION!r} (it refuses the folder with 'Only silu is supported for now'). Drafters built "
+            f"by `hf-dynaspec init` use {SERVED_ACTIVATION!r}: retrain this one from such an init to export it."
+        )
+    return layer
+
+
+def layer_config_fields(drafter: DynaSpecDrafter, vocab_size: int) -> dict[str, Any]:
+    """The Llama config keys both servers read for the draft layer (legacy rope keys and `rope_parameters`)."""
+    layer = servable_layer(drafter)
     rope = dict(layer.rope_parameters or {"rope_type": "default", "rope_theta": 10000.0})
     scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
     dtype = str(drafter.fc.weight.dtype).removeprefix("torch.")
@@ -358,6 +371,7 @@ def export_eagle3(
             "Only drafter_architecture='eagle3' drafters have a vLLM / SGLang EAGLE-3 equivalent."
         )
     drafter.check_target(target)
+    servable_layer(drafter)  # before the draft vocabulary, and before anything is written
     draft_ids = draft_vocabulary(drafter, draft_vocab_size, token_counts)
     size = int(draft_ids.numel())
     if format == "eagle3":
@@ -576,6 +590,9 @@ def load_eagle3(
     vocab_size = target.get_output_embeddings().weight.shape[0]
     settings = dict(drafter_architecture="eagle3", num_clusters=min(num_clusters, vocab_size))
     settings["target_layer_ids"] = layer_ids_from_config(spec, int(text.num_hidden_layers))
+    settings["layer_hidden_act"] = spec["layer"].get("hidden_act") or SERVED_ACTIVATION  # the servers' default
+    if spec["layer"].get("intermediate_size") is not None:
+        settings["layer_intermediate_size"] = int(spec["layer"]["intermediate_size"])
     layer = DynaSpecConfig.from_target_config(target.config, **settings).build_layer_config()
     check_spec(spec, layer, vocab_size, int(text.hidden_size))  # before the (slower) clustering
     draft_ids = checkpoint_vocabulary(tensors, spec, vocab_size)

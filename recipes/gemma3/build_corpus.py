@@ -76,14 +76,19 @@ def main() -> None:
     parser.add_argument("--stop-repeats", type=int, default=16, help="end an answer once it repeats a span this long")
     parser.add_argument("--segment", type=int, default=64, help="tokens generated before finished answers leave")
     parser.add_argument("--seed", type=int, default=0, help="prompt sampling seed")
+    parser.add_argument("--prompts", nargs="*", default=[],
+                        help="more prompt files (JSONL: prompt, source) answered as they are into the same corpus, "
+                        "e.g. data/code_prompts.jsonl (code_prompts.py)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = load_target("gemma3", dtype=torch.bfloat16)
     records = build_records(args.max_prompts, args.seed)
+    records += [json.loads(line) for f in args.prompts for line in Path(f).read_text().splitlines()]
     print(f"{len(records)} prompts: {sum(r['source'].startswith('plain') for r in records)} plain, "
           f"{sum(r['source'].startswith('qa') for r in records)} question/answer, "
-          f"{sum(r['source'] == 'continuation' for r in records)} continuations")
+          f"{sum(r['source'] == 'continuation' for r in records)} continuations, "
+          f"{sum(r['source'].startswith('code-') for r in records)} code")
     write_answers(model, tokenizer, records, args.out, args.max_new_tokens, args.batch_size, chat_template=False,
                   stop_repeats=args.stop_repeats, segment=args.segment)
 

@@ -130,12 +130,12 @@ def read_questions(corpus: Path, tokenizer) -> list[dict]:
     return rows
 
 
-def answer_records(rows: list[dict], qa_share: float, seed: int) -> list[dict]:
-    """Stage 3's records: each question asked as it is or, with probability `qa_share`, in the qa format."""
-    rng = random.Random(seed)
+def answer_records(rows: list[dict], qa_share: float) -> list[dict]:
+    """Stage 3's records: each question asked as it is or in the qa format, a `qa_share` of them by hash (so a
+    question keeps its format when more questions are added)."""
     out = []
     for row in rows:
-        fmt = "qa" if rng.random() < qa_share else "plain"
+        fmt = "qa" if int(prompt_key(row["prompt"])[:8], 16) < qa_share * 16**8 else "plain"
         out.append({"prompt": PROMPT_FORMATS[fmt].format(prompt=row["prompt"]), "source": f"{fmt}-{row['language']}"})
     return out
 
@@ -166,7 +166,7 @@ def main() -> None:
         rows = [r for c in LANGUAGES for r in per_language[c]]
         QUESTIONS.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         print({c: len(v) for c, v in per_language.items()})
-        records, max_new = answer_records(rows, args.qa_share, args.seed), args.max_new_tokens
+        records, max_new = answer_records(rows, args.qa_share), args.max_new_tokens
     write_answers(model, tokenizer, records, args.corpus, max_new, args.batch_size, chat_template=False,
                   stop_repeats=16, segment=64)
 
