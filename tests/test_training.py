@@ -9,6 +9,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -94,6 +95,20 @@ def test_corpus_resumes_and_features_resume(tiny, tmp_path):
     assert len(write_features(target, tmp_path / "c", tmp_path / "f", [1], progress=False)["shards"]) == 2
     with pytest.raises(ValueError, match="layers"):
         write_features(target, tmp_path / "c", tmp_path / "f", [2], progress=False)
+
+
+def test_corpus_keeps_each_conversations_source(tiny, tmp_path):
+    target, tokenizer = tiny
+    records = [{"prompt": p, "source": f"src-{i % 2}"} for i, p in enumerate(PROMPTS)]
+    write_answers(target, tokenizer, records, tmp_path / "c", 4, 2, per_shard=8, progress=False)
+    by_prompt = {tokenizer.decode(c.input_ids[: c.prompt_length], skip_special_tokens=True): c.source
+                 for c in load_corpus(tmp_path / "c")}
+    assert by_prompt == {r["prompt"]: r["source"] for r in records}
+    # a shard written before sources were stored: its one source, or "" when it mixed several
+    shard = tmp_path / "c" / "answers_00000.npz"
+    with np.load(shard) as data:
+        np.savez_compressed(shard, **{k: data[k] for k in data.files if k != "sources"})
+    assert {c.source for c in load_corpus(tmp_path / "c")} == {""}
 
 
 def test_dataset_layout_and_features(tiny, dataset):

@@ -89,10 +89,12 @@ OPENERS: dict[str, tuple[str, ...]] = {
 
 @dataclass
 class CorpusConversation:
-    """One conversation: input_ids (L,) long, the first `prompt_length` of them the chat-templated prompt."""
+    """One conversation: input_ids (L,) long, the first `prompt_length` of them the chat-templated prompt, and
+    the `source` its prompt record named ("" where the shard did not record it)."""
 
     input_ids: torch.Tensor
     prompt_length: int
+    source: str = ""
 
 
 # ----------------------------------------------------------------------------------------------- tokens
@@ -340,7 +342,8 @@ def write_answers(
                 answers += batch_answers
                 rows += features or []
                 bar.update(len(batch))
-        convs = [CorpusConversation(torch.cat([torch.tensor(ids), a]), len(ids)) for ids, a in zip(prompts, answers)]
+        convs = [CorpusConversation(torch.cat([torch.tensor(ids), a]), len(ids), todo[k][1])
+                 for k, ids, a in zip(keys, prompts, answers)]
         seconds = time.perf_counter() - t0
         if on_shard is not None:
             on_shard(len(index["shards"]), convs, rows, seconds)
@@ -387,6 +390,7 @@ def _write_shard(out: Path, index: dict[str, Any], keys: list[str], sources: lis
     np.savez_compressed(
         out / name, input_ids=ids.astype(dtype), offsets=np.concatenate([[0], lengths.cumsum()]),
         prompt_lengths=np.array([c.prompt_length for c in convs], dtype=np.int64),
+        sources=np.array(sources, dtype=str),  # (n,) fixed-width unicode: loads without pickle
     )
     answer_tokens = int(sum(c.input_ids.numel() - c.prompt_length for c in convs))
     per_source: dict[str, int] = {}
@@ -404,7 +408,8 @@ def _write_shard(out: Path, index: dict[str, Any], keys: list[str], sources: lis
 
 
 def load_corpus(out_dir: str | os.PathLike) -> list[CorpusConversation]:
-    """Every conversation of a corpus folder, in shard order."""
+    """Every conversation of a corpus folder, in shard order. Shards written before sources were stored give
+    their conversations the shard's one source when it has one, else ""."""
     out = Path(out_dir)
     index = read_index(out)
     if index is None:
@@ -414,5 +419,8 @@ def load_corpus(out_dir: str | os.PathLike) -> list[CorpusConversation]:
         with np.load(out / shard["file"], allow_pickle=False) as data:
             ids = torch.from_numpy(data["input_ids"].astype(np.int64))
             offsets, prompt_lengths = data["offsets"].tolist(), data["prompt_lengths"].tolist()
-        convs += [CorpusConversation(ids[lo:hi], p) for lo, hi, p in zip(offsets[:-1], offsets[1:], prompt_lengths)]
+            only = list(shard["tokens_per_source"]) if len(shard.get("tokens_per_source", {})) == 1 else [""]
+            sources = data["sources"].tolist() if "sources" in data else only * len(prompt_lengths)
+        convs += [CorpusConversation(ids[lo:hi], p, src)
+                  for lo, hi, p, src in zip(offsets[:-1], offsets[1:], prompt_lengths, sources)]
     return convs
