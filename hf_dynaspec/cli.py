@@ -206,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     feats.add_argument("--max-tokens", type=int, default=8192, help="tokens per forward batch (padding included)")
     feats.add_argument("--feature-dtype", choices=FEATURE_DTYPES, default="float16",
                        help="storage (bfloat16 for targets whose hidden states exceed float16, e.g. Gemma 3)")
+    feats.add_argument("--sources", default=None,
+                       help="regular expression: only conversations whose corpus source it matches whole (e.g. one "
+                            "language per folder, so training reports held-out figures per folder)")
     feats.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     feats.set_defaults(func=cmd_features)
 
@@ -493,7 +496,8 @@ def cmd_features(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     target, _ = target_from_args(args)
     layers = args.layers or eagle3_layer_ids(target.config.get_text_config().num_hidden_layers)
-    index = write_features(target, args.corpus, args.out, layers, max_tokens=args.max_tokens, dtype=args.feature_dtype)
+    index = write_features(target, args.corpus, args.out, layers, max_tokens=args.max_tokens, dtype=args.feature_dtype,
+                           sources=args.sources)
     tokens = sum(s["num_tokens"] for s in index["shards"])
     seconds = sum(s["seconds"] for s in index["shards"])
     print(f"{args.out}: features of hidden states {layers} for {tokens} tokens ({tokens / max(seconds, 1e-9):.0f} "

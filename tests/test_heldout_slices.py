@@ -30,7 +30,9 @@ def corpus_keys() -> set[str]:
 
 
 def formatted_keys(prompt: str) -> set[str]:
-    return {prompt_key(fmt.format(prompt=prompt)) for fmt in PROMPT_FORMATS.values()}
+    """Keys of `prompt` in every format the corpus asks questions in (the English ones and each language's)."""
+    formats = [*PROMPT_FORMATS.values(), *(spec["qa"] for spec in languages.LANGUAGES.values())]
+    return {prompt_key(fmt.format(prompt=prompt)) for fmt in formats}
 
 
 def test_every_language_has_a_slice_of_its_own_text():
@@ -92,3 +94,18 @@ def test_translations_drop_loops_examples_and_other_languages():
     answer = "Combien de tonnes de tonnes de tonnes de fer ?\nEnglish: x\nFrench: Où est la gare ?\n" \
              "French: Écris un court poème sur la mer.\nFrench: Where is the station?"
     assert multilingual.translations(answer, "fr") == ["Où est la gare ?"]
+
+
+def test_question_lists_are_read_back_per_language():
+    prompt = languages.question_list_prompt(["Где вокзал?", "Сколько стоит билет?", "Когда поезд?"], "ru")
+    assert multilingual.language_of(prompt) == ("ru", "list")
+    assert multilingual.language_of(languages.few_shot_prompt("Where is it?", "ja")) == ("ja", "translate")
+    assert multilingual.language_of("Question: hi\nAnswer:") is None
+    answer = " Почему небо голубое?\n5. Где живут медведи?\n6. Where do bears live?\nNot an item"
+    assert multilingual.listed(answer, "ru") == ["Почему небо голубое?", "Где живут медведи?"]
+
+
+def test_each_question_is_asked_three_ways():
+    records = multilingual.answer_records([{"prompt": "Wie spät ist es?", "language": "de"}])
+    assert [r["source"] for r in records] == ["plain-de", "qa-de", "local-de"]
+    assert records[2]["prompt"] == "Frage: Wie spät ist es?\nAntwort:"

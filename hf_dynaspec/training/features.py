@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -71,21 +72,33 @@ def batches_by_tokens(convs: list[CorpusConversation], max_tokens: int) -> list[
 def write_features(
     target, corpus_dir: str | os.PathLike, out_dir: str | os.PathLike, layer_ids: list[int],
     max_tokens: int = 8192, per_shard: int = 1024, progress: bool = True, dtype: str = "float16",
+    sources: str | None = None,
 ) -> dict[str, Any]:
     """Features of every conversation of `corpus_dir` under `out_dir`, stored as `dtype` ("float16", or
     "bfloat16" for targets whose hidden states exceed float16), shard by shard (resumable: a rerun continues
-    after the last complete shard). Returns the index."""
+    after the last complete shard). `sources`: a regular expression; only conversations whose source it matches
+    whole are kept (e.g. one language of a multilingual corpus per folder, so training reports each on its own).
+    Returns the index."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     index = read_features_index(out) or {
         "format": FORMAT, "corpus": str(corpus_dir), "layer_ids": list(layer_ids),
         "hidden_size": int(target.config.get_text_config().hidden_size), "dtype": dtype, "shards": [],
+        "sources": sources,
     }
     if index["layer_ids"] != list(layer_ids):
         raise ValueError(f"{out} holds features of layers {index['layer_ids']}, not {list(layer_ids)}: use another folder.")
     if stored_dtype(index) != dtype:
         raise ValueError(f"{out} holds {stored_dtype(index)} features, not {dtype}: use another folder.")
+    if index.get("sources") != sources:
+        raise ValueError(f"{out} holds the conversations of sources {index.get('sources')!r}, not {sources!r}: use "
+                         "another folder.")
     convs = load_corpus(corpus_dir)
+    if sources is not None:
+        pattern = re.compile(sources)
+        convs = [c for c in convs if pattern.fullmatch(c.source)]
+        if not convs:
+            raise ValueError(f"No conversation of {corpus_dir} has a source matching {sources!r}.")
     done = sum(s["num_conversations"] for s in index["shards"])
     bar = tqdm(total=len(convs), initial=done, desc="target features", unit="conv", disable=not progress)
     for lo in range(done, len(convs), per_shard):

@@ -373,7 +373,8 @@ def train_drafter(
     if length_pool < 1:
         raise ValueError(f"length_pool must be >= 1 (batches drawn at once and grouped by length), got {length_pool}.")
     drafter.bind(target)
-    train, heldout, sizes = load_split(data_dir, heldout_fraction, seed)
+    train, groups, sizes = load_split_groups(data_dir, heldout_fraction, seed)
+    heldout = [c for held in groups.values() for c in held]
     check_data_layers(train, drafter.config.feature_layer_ids)
     ckpt = Path(ckpt_dir)
     if router_only:
@@ -413,7 +414,8 @@ def train_drafter(
             bar.set_postfix(loss=f"{history[-1]:.3f}", top1=f"{float(parts['top1']):.2f}")
             done = step + 1
             if eval_every and (done % eval_every == 0 or done == steps):
-                curve.append(curve_point(drafter, heldout or train[:1], seq_len, done, seen, unroll, eval_positions))
+                curve.append(curve_point(drafter, heldout or train[:1], seq_len, done, seen, unroll, eval_positions,
+                                         groups))
                 drafter.train()
             if done % ckpt_every == 0 or done == steps:
                 state = _state(done, lr, batch_size, seq_len, history, start, unroll) | {"length_pool": length_pool}
@@ -434,21 +436,31 @@ def train_drafter(
 def load_split(
     data_dirs: str | os.PathLike | Sequence[str | os.PathLike], heldout_fraction: float, seed: int
 ) -> tuple[list[Conversation], list[Conversation], list[int]]:
-    """(train, heldout, conversations per folder) of one or several dataset folders, each folder split on its
-    own (a permutation of its usable conversations: the split moves if a folder gains or loses any)."""
+    """(train, heldout, conversations per folder) of one or several dataset folders (`load_split_groups`)."""
+    train, groups, sizes = load_split_groups(data_dirs, heldout_fraction, seed)
+    return train, [c for held in groups.values() for c in held], sizes
+
+
+def load_split_groups(
+    data_dirs: str | os.PathLike | Sequence[str | os.PathLike], heldout_fraction: float, seed: int
+) -> tuple[list[Conversation], dict[str, list[Conversation]], list[int]]:
+    """(train, {folder name: its held-out conversations}, conversations per folder) of one or several dataset
+    folders, each folder split on its own (a permutation of its usable conversations: the split moves if a
+    folder gains or loses any)."""
     data_dirs = as_folders(data_dirs)
+    names = [Path(d).name for d in data_dirs]
+    names = names if len(set(names)) == len(names) else [str(d) for d in data_dirs]
     train: list[Conversation] = []
-    heldout: list[Conversation] = []
+    groups: dict[str, list[Conversation]] = {}
     sizes: list[int] = []
-    for data_dir in data_dirs:
+    for name, data_dir in zip(names, data_dirs):
         usable = [c for c in load_dataset(data_dir) if c.hidden.shape[0] >= 2 and bool(c.loss_mask[2:].any())]
-        part_train, part_held = split_heldout(usable, heldout_fraction, seed)
+        part_train, groups[name] = split_heldout(usable, heldout_fraction, seed)
         train += part_train
-        heldout += part_held
         sizes.append(len(usable))
     if not train:
         raise ValueError(f"{', '.join(map(str, data_dirs))} holds no training conversations.")
-    return train, heldout, sizes
+    return train, groups, sizes
 
 
 def check_same_split(saved: dict[str, Any] | None, sizes: list[int], ckpt: Path) -> None:
@@ -466,11 +478,18 @@ def check_same_split(saved: dict[str, Any] | None, sizes: list[int], ckpt: Path)
 
 
 def curve_point(drafter, heldout: list[Conversation], seq_len: int, step: int, seen: int, unroll: int,
-                positions: int) -> dict[str, Any]:
-    """One learning-curve point: held-out top-1 at draft depths 1..max(unroll, 3) after `step` steps."""
+                positions: int, groups: dict[str, list[Conversation]] | None = None) -> dict[str, Any]:
+    """One learning-curve point: held-out top-1 at draft depths 1..max(unroll, 3) after `step` steps; with
+    several `groups` (data folders), also per group on up to `positions` // 2 positions each."""
     ev = evaluate_drafter(drafter, heldout, seq_len, max_positions=positions, unroll=max(unroll, 3))
-    return {"step": step, "positions_seen": seen, "top1_at_depth": [round(v, 4) for v in ev["top1_at_depth"]],
-            "heldout_positions": ev["positions"]}
+    point = {"step": step, "positions_seen": seen, "top1_at_depth": [round(v, 4) for v in ev["top1_at_depth"]],
+             "heldout_positions": ev["positions"]}
+    if groups and len(groups) > 1:
+        per_group = {name: evaluate_drafter(drafter, held, seq_len, max_positions=max(1, positions // 2),
+                                            unroll=max(unroll, 3)) for name, held in groups.items() if held}
+        point["by_group"] = {name: {"top1_at_depth": [round(v, 4) for v in g["top1_at_depth"]],
+                                    "heldout_positions": g["positions"]} for name, g in per_group.items()}
+    return point
 
 
 def check_data_layers(convs: list[Conversation], layer_ids: list[int]) -> None:

@@ -1,5 +1,6 @@
 """The languages of the multilingual Gemma 3 corpus: their names, few-shot translation examples (our own
-translations of three English sentences) and a check that a text is written in a given language.
+translations of three English sentences), the question / answer format in their own words ("qa") and a check
+that a text is written in a given language.
 
 `in_language(text, code)` reads the script for non-Latin languages (the share of letters in the language's
 script; Japanese must hold kana, Chinese none) and, for Latin-script languages, counts common function words
@@ -22,33 +23,33 @@ ENGLISH_EXAMPLES = (
 )
 
 LANGUAGES: dict[str, dict] = {
-    "zh": {"name": "Chinese", "script": "han",
+    "zh": {"name": "Chinese", "script": "han", "qa": "问题：{prompt}\n回答：",
            "examples": ("一周有几天？", "写一首关于大海的短诗。", "解释一下为什么天空是蓝色的。")},
-    "ja": {"name": "Japanese", "script": "japanese",
+    "ja": {"name": "Japanese", "script": "japanese", "qa": "質問：{prompt}\n回答：",
            "examples": ("一週間は何日ありますか？", "海についての短い詩を書いてください。", "空が青い理由を説明してください。")},
-    "ko": {"name": "Korean", "script": "hangul",
+    "ko": {"name": "Korean", "script": "hangul", "qa": "질문: {prompt}\n답변:",
            "examples": ("일주일은 며칠입니까?", "바다에 관한 짧은 시를 써 주세요.", "하늘이 왜 파란지 설명해 주세요.")},
-    "ru": {"name": "Russian", "script": "cyrillic",
+    "ru": {"name": "Russian", "script": "cyrillic", "qa": "Вопрос: {prompt}\nОтвет:",
            "examples": ("Сколько дней в неделе?", "Напиши короткое стихотворение о море.",
                         "Объясни, почему небо голубое.")},
-    "ar": {"name": "Arabic", "script": "arabic",
+    "ar": {"name": "Arabic", "script": "arabic", "qa": "سؤال: {prompt}\nجواب:",
            "examples": ("كم يومًا في الأسبوع؟", "اكتب قصيدة قصيرة عن البحر.", "اشرح لماذا السماء زرقاء.")},
-    "hi": {"name": "Hindi", "script": "devanagari",
+    "hi": {"name": "Hindi", "script": "devanagari", "qa": "प्रश्न: {prompt}\nउत्तर:",
            "examples": ("एक सप्ताह में कितने दिन होते हैं?", "समुद्र के बारे में एक छोटी कविता लिखिए।",
                         "समझाइए कि आसमान नीला क्यों होता है।")},
-    "es": {"name": "Spanish", "script": "latin",
+    "es": {"name": "Spanish", "script": "latin", "qa": "Pregunta: {prompt}\nRespuesta:",
            "examples": ("¿Cuántos días tiene una semana?", "Escribe un poema corto sobre el mar.",
                         "Explica por qué el cielo es azul."),
            "words": "el la los las de que y en un una es por para con del se qué cómo cuál no su al lo"},
-    "fr": {"name": "French", "script": "latin",
+    "fr": {"name": "French", "script": "latin", "qa": "Question : {prompt}\nRéponse :",
            "examples": ("Combien de jours y a-t-il dans une semaine ?", "Écris un court poème sur la mer.",
                         "Explique pourquoi le ciel est bleu."),
            "words": "le la les de des du et en un une est que qui pour dans avec pas sur au vous il ce"},
-    "de": {"name": "German", "script": "latin",
+    "de": {"name": "German", "script": "latin", "qa": "Frage: {prompt}\nAntwort:",
            "examples": ("Wie viele Tage hat eine Woche?", "Schreibe ein kurzes Gedicht über das Meer.",
                         "Erkläre, warum der Himmel blau ist."),
            "words": "der die das und ist ein eine nicht mit zu den von für auf sie es ich wie was im dem"},
-    "pt": {"name": "Portuguese", "script": "latin",
+    "pt": {"name": "Portuguese", "script": "latin", "qa": "Pergunta: {prompt}\nResposta:",
            "examples": ("Quantos dias tem uma semana?", "Escreva um poema curto sobre o mar.",
                         "Explique por que o céu é azul."),
            "words": "o os as de que e em um uma é para com do da não no na por como se dos das"},
@@ -103,6 +104,13 @@ def few_shot_prompt(english: str, code: str) -> str:
     name = LANGUAGES[code]["name"]
     pairs = zip(ENGLISH_EXAMPLES, LANGUAGES[code]["examples"])
     return "".join(f"English: {en}\n{name}: {tr}\n\n" for en, tr in pairs) + f"English: {english}\n{name}:"
+
+
+def question_list_prompt(questions: list[str], code: str) -> str:
+    """A numbered list of questions in language `code` for a base model to go on with: its next items are new
+    questions in that language (the given ones steer their topics)."""
+    heading = f"Questions in {LANGUAGES[code]['name']}:\n"
+    return heading + "".join(f"{i}. {q}\n" for i, q in enumerate(questions, start=1)) + f"{len(questions) + 1}."
 
 
 if __name__ == "__main__":

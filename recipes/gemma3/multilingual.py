@@ -2,8 +2,9 @@
 
 Gemma 3 270M is a base model trained on 140+ languages: asked few-shot to translate an English prompt
 ("English: ...\\n<Language>: ..." x 3, `languages.few_shot_prompt`), it writes the translation and then more
-English / <Language> pairs of its own. The English prompts are those of the English corpus (`build_corpus.py`:
-SmolLM2's Magpie questions and the shared GSM8K / GPTeacher mixes; one line, 15-250 characters). Three stages,
+English / <Language> pairs of its own; given a numbered list of questions in a language, it writes more
+(`languages.question_list_prompt`). The English prompts are those of the English corpus (`build_corpus.py`:
+SmolLM2's Magpie questions and the shared GSM8K / GPTeacher mixes; one line, 15-250 characters). Four stages,
 each resumable:
 
 1. `heldout`: seeds reserved by hash (`is_reserved`: never translated into the corpus) translated into every
@@ -12,14 +13,17 @@ each resumable:
    question_id, category `lang-<code>`, prompt, seed). Nothing of this stage enters the corpus.
 2. `translate`: --seeds per language of the other seeds, translated the same way into the corpus (sources
    `translate-<code>`): translation is training text too.
-3. `answer`: the questions read back from those translations (their first line and the `<Language>: ...` lines
-   Gemma went on to write), kept when they read as the language, deduplicated and never a held-out prompt, go to
-   `data/multilingual_questions.jsonl` and are answered into the corpus as they are or as
-   "Question: ...\\nAnswer:" (sources `plain-<code>`, `qa-<code>`).
+3. `expand`: --lists per language numbered lists of three questions read back from those translations (their
+   first line and the `<Language>: ...` lines Gemma went on to write), drawn at random, for Gemma to continue
+   into the corpus (sources `list-<code>`): a question costs a few tokens there, against a whole few-shot prompt
+   in a translation.
+4. `answer`: the questions of stages 2 and 3 that read as the language, deduplicated and never a held-out
+   prompt, go to `data/multilingual_questions.jsonl` and are answered into the corpus three ways: as they are,
+   as "Question: ...\\nAnswer:" and in the language's own question / answer words (sources `plain-<code>`,
+   `qa-<code>`, `local-<code>`).
 Answers are greedy and end where they start repeating themselves, as in `build_corpus.py`.
 
-    python recipes/gemma3/multilingual.py heldout && python recipes/gemma3/multilingual.py translate
-    python recipes/gemma3/multilingual.py answer
+    for stage in heldout translate expand answer; do python recipes/gemma3/multilingual.py $stage; done
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from build_corpus import questions  # noqa: E402
-from languages import LANGUAGES, few_shot_prompt, in_language  # noqa: E402
+from languages import LANGUAGES, few_shot_prompt, in_language, question_list_prompt  # noqa: E402
 
 from hf_dynaspec.targets import PROMPT_FORMATS, load_target  # noqa: E402
 from hf_dynaspec.training.corpus import (  # noqa: E402
@@ -103,52 +107,92 @@ def translate_records(seeds_per_language: int, seed: int) -> list[dict]:
     pool = [s for s in english_seeds() if not is_reserved(s)]
     records = []
     for i, code in enumerate(LANGUAGES):
-        sample = random.Random(seed * 1000 + i).sample(pool, min(seeds_per_language, len(pool)))
-        records += [{"prompt": few_shot_prompt(s, code), "source": f"translate-{code}"} for s in sample]
+        order = pool[:]
+        random.Random(seed * 1000 + i).shuffle(order)  # a larger count keeps the smaller one's seeds
+        records += [{"prompt": few_shot_prompt(s, code), "source": f"translate-{code}"}
+                    for s in order[:seeds_per_language]]
     return records
 
 
-def language_of(prompt: str) -> str | None:
-    """The language a few-shot translation prompt asks for (its last line is `<Language>:`), or None."""
-    last = prompt.rsplit("\n", 1)[-1]
-    return next((c for c, v in LANGUAGES.items() if last == f"{v['name']}:" and "English: " in prompt), None)
+def language_of(prompt: str) -> tuple[str, str] | None:
+    """(language, kind) of a stage 2 or 3 prompt: a few-shot translation ("translate": its last line is
+    `<Language>:`) or a question list ("list": its first line is `Questions in <Language>:`), else None."""
+    first, last = prompt.split("\n", 1)[0], prompt.rsplit("\n", 1)[-1]
+    for code, spec in LANGUAGES.items():
+        if last == f"{spec['name']}:" and "English: " in prompt:
+            return code, "translate"
+        if first == f"Questions in {spec['name']}:":
+            return code, "list"
+    return None
 
 
-def read_questions(corpus: Path, tokenizer) -> list[dict]:
-    """Questions per language from the translations in the corpus, deduplicated, minus the held-out prompts."""
+def listed(answer: str, code: str) -> list[str]:
+    """The questions of a question-list continuation: its first line (the item whose number ends the prompt)
+    and every numbered line after it, kept when they read as the language."""
+    lines = answer.split("\n")
+    items = [lines[0].strip()] + [re.sub(r"^\d+\.\s*", "", ln).strip() for ln in lines[1:] if re.match(r"^\d+\.", ln)]
+    return [q for q in items[: 12] if 10 <= len(q) <= 300 and not LOOPED.search(q) and in_language(q, code)
+            and q not in LANGUAGES[code]["examples"]]
+
+
+def read_questions(corpus: Path, tokenizer, kinds: tuple[str, ...] = ("translate", "list")) -> list[dict]:
+    """Questions per language read back from the corpus's translations and question lists (`kinds`),
+    deduplicated, minus the held-out prompts, in corpus order."""
     held = {json.loads(line)["prompt"] for line in SLICE.read_text().splitlines()}
     seen, rows = set(held), []
     for conv in load_corpus(corpus):
-        prompt = tokenizer.decode(conv.input_ids[: conv.prompt_length], skip_special_tokens=True)
-        code = language_of(prompt)
-        if code is None:
+        if conv.source and not conv.source.startswith(("translate-", "list-")):
             continue
-        for q in translations(tokenizer.decode(conv.input_ids[conv.prompt_length:], skip_special_tokens=True), code):
+        prompt = tokenizer.decode(conv.input_ids[: conv.prompt_length], skip_special_tokens=True)
+        found = language_of(prompt)
+        if found is None or found[1] not in kinds:
+            continue
+        code, kind = found
+        answer = tokenizer.decode(conv.input_ids[conv.prompt_length:], skip_special_tokens=True)
+        if kind == "translate":
+            questions = translations(answer, code)
+        else:
+            questions = listed(answer, code)
+        for q in questions:
             if q not in seen:
                 seen.add(q)
-                rows.append({"prompt": q, "language": code})
+                rows.append({"prompt": q, "language": code, "kind": kind})
     return rows
 
 
-def answer_records(rows: list[dict], qa_share: float) -> list[dict]:
-    """Stage 3's records: each question asked as it is or in the qa format, a `qa_share` of them by hash (so a
-    question keeps its format when more questions are added)."""
+def list_records(rows: list[dict], lists_per_language: int, seed: int) -> list[dict]:
+    """Stage 3's records: per language, numbered lists of three of its translated questions drawn at random."""
+    records = []
+    for i, code in enumerate(LANGUAGES):
+        pool = [r["prompt"] for r in rows if r["language"] == code and r["kind"] == "translate"]
+        if len(pool) < 3:
+            continue
+        rng = random.Random(seed * 1000 + i)
+        records += [{"prompt": question_list_prompt(rng.sample(pool, 3), code), "source": f"list-{code}"}
+                    for _ in range(lists_per_language)]
+    return records
+
+
+def answer_records(rows: list[dict]) -> list[dict]:
+    """Stage 4's records: each question asked three ways: as it is, in the English qa format the bench uses,
+    and in its language's own question / answer words (`languages.LANGUAGES[code]["qa"]`)."""
     out = []
     for row in rows:
-        fmt = "qa" if int(prompt_key(row["prompt"])[:8], 16) < qa_share * 16**8 else "plain"
-        out.append({"prompt": PROMPT_FORMATS[fmt].format(prompt=row["prompt"]), "source": f"{fmt}-{row['language']}"})
+        code = row["language"]
+        formats = {"plain": PROMPT_FORMATS["plain"], "qa": PROMPT_FORMATS["qa"], "local": LANGUAGES[code]["qa"]}
+        out += [{"prompt": fmt.format(prompt=row["prompt"]), "source": f"{name}-{code}"} for name, fmt in formats.items()]
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=("heldout", "translate", "answer"))
+    parser.add_argument("stage", choices=("heldout", "translate", "expand", "answer"))
     parser.add_argument("--corpus", default="data/corpus/gemma3", help="corpus folder the stages append to")
     parser.add_argument("--slice-size", type=int, default=16, help="held-out prompts per language")
-    parser.add_argument("--seeds", type=int, default=400, help="English seeds translated per language (stage 2)")
-    parser.add_argument("--max-questions", type=int, default=1600, help="questions answered per language (stage 3)")
-    parser.add_argument("--qa-share", type=float, default=0.6, help="share of questions asked in the qa format")
-    parser.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap (stage 3)")
+    parser.add_argument("--seeds", type=int, default=150, help="English seeds translated per language (stage 2)")
+    parser.add_argument("--lists", type=int, default=400, help="question lists continued per language (stage 3)")
+    parser.add_argument("--max-questions", type=int, default=1000, help="questions answered per language (stage 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap (stage 4)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
@@ -157,18 +201,22 @@ def main() -> None:
     model, tokenizer = load_target("gemma3", dtype=torch.bfloat16)
     if args.stage == "heldout":
         return heldout(model, tokenizer, args)
+    segment = max_new = 96
     if args.stage == "translate":
         records = translate_records(args.seeds, args.seed)
-        max_new = 96
+    elif args.stage == "expand":
+        records, max_new = list_records(read_questions(Path(args.corpus), tokenizer, ("translate",)), args.lists,
+                                        args.seed), 128
+        segment = max_new
     else:
         rows = read_questions(Path(args.corpus), tokenizer)
         per_language = {c: [r for r in rows if r["language"] == c][: args.max_questions] for c in LANGUAGES}
         rows = [r for c in LANGUAGES for r in per_language[c]]
         QUESTIONS.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         print({c: len(v) for c, v in per_language.items()})
-        records, max_new = answer_records(rows, args.qa_share), args.max_new_tokens
+        records, max_new = answer_records(rows), args.max_new_tokens
     write_answers(model, tokenizer, records, args.corpus, max_new, args.batch_size, chat_template=False,
-                  stop_repeats=16, segment=64)
+                  stop_repeats=16, segment=segment)  # a segment re-reads its prompt: few, long segments
 
 
 if __name__ == "__main__":
