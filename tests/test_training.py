@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -290,6 +291,31 @@ def test_unrolled_training_learns_and_reports_depths(tiny, eagle3_dataset, tmp_p
     with pytest.raises(ValueError, match="unroll"):
         train_drafter(drafter, target, dataset, steps=1, lr=1e-3, batch_size=1, seq_len=8,
                       ckpt_dir=tmp_path / "other", unroll=0, progress=False)
+
+
+def test_features_keep_the_sources_asked_for(tiny, tmp_path):
+    target, tokenizer = tiny
+    records = [{"prompt": p, "source": "code-c" if i % 2 else "qa-de"} for i, p in enumerate(PROMPTS)]
+    write_answers(target, tokenizer, records, tmp_path / "c", 4, 2, progress=False)
+    index = write_features(target, tmp_path / "c", tmp_path / "f", [1], sources="code-.*", progress=False)
+    assert sum(s["num_conversations"] for s in index["shards"]) == 2 and index["sources"] == "code-.*"
+    with pytest.raises(ValueError, match="sources"):  # a folder holds one selection
+        write_features(target, tmp_path / "c", tmp_path / "f", [1], sources="qa-de", progress=False)
+    with pytest.raises(ValueError, match="No conversation"):
+        write_features(target, tmp_path / "c", tmp_path / "g", [1], sources="plain-.*", progress=False)
+
+
+def test_learning_curve_reports_each_data_folder(tiny, eagle3_dataset, tmp_path):
+    target, _ = tiny
+    other = tmp_path / "copy"
+    shutil.copytree(eagle3_dataset, other)
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8)
+    result = train_drafter(drafter, target, [eagle3_dataset, other], steps=2, lr=1e-3, batch_size=2, seq_len=16,
+                           ckpt_dir=tmp_path / "ckpt", heldout_fraction=0.25, progress=False, eval_every=2)
+    groups = result["curve"][-1]["by_group"]
+    assert set(groups) == {eagle3_dataset.name, "copy"}
+    assert groups["copy"] == groups[eagle3_dataset.name]  # the same conversations, split alike
+    assert all(len(g["top1_at_depth"]) == 3 and g["heldout_positions"] > 0 for g in groups.values())
 
 
 def test_split_per_folder_is_stable_when_folders_are_added(dataset):

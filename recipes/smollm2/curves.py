@@ -1,7 +1,8 @@
 """Learning curves of a drafter training run: held-out top-1 at draft depths 1-3 against steps and positions seen.
 
 Reads the `curve` that `hf-dynaspec train --eval-every N` keeps in the checkpoint's trainer_state.json and writes
-`curve.json`, `curve.md` and `curve.png` into `--out`, and the table into recipes/smollm2/training.md (a generated
+`curve.json`, `curve.md` and `curve.png` into `--out` (with several data folders, e.g. one per language, also
+their own held-out figures and `curve-groups.png`), and the table into recipes/smollm2/training.md (a generated
 block), so the next person can see whether more data or more steps would pay. Several `--ckpt` are stages of one
 drafter, in order (a run started from the previous stage's weights, e.g. on more data): their steps and positions
 add up, and each point names its stage.
@@ -69,6 +70,49 @@ def markdown(curve: list[dict], state: dict, ckpts: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def group_markdown(curve: list[dict]) -> str:
+    """Held-out top-1 at depth 1 per data folder (e.g. per language) at every point, where training reported
+    them (`by_group`, several --data folders); "" otherwise."""
+    points = [p for p in curve if p.get("by_group")]
+    if not points:
+        return ""
+    groups = list(points[-1]["by_group"])
+    last = points[-1]["by_group"]
+    lines = ["Held-out top-1 at draft depth 1 per data folder (its own held-out split, up to half the positions "
+             "of the overall figure each):", "",
+             "| step | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
+    for point in points:
+        cells = " | ".join(f"{point['by_group'][g]['top1_at_depth'][0]:.3f}" if g in point["by_group"] else "-"
+                           for g in groups)
+        lines.append(f"| {point['step']:,} | {cells} |")
+    lines += ["", "At the last point, depths 1 / 2 / 3 and held-out positions per folder: "
+              + "; ".join(f"{g} {' / '.join(f'{v:.3f}' for v in last[g]['top1_at_depth'][:DEPTHS])} "
+                          f"({last[g]['heldout_positions']:,})" for g in groups) + "."]
+    return "\n".join(lines)
+
+
+def plot_groups(curve: list[dict], path: Path) -> None:
+    """Depth-1 held-out top-1 per data folder against positions seen."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [p for p in curve if p.get("by_group")]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for group in points[-1]["by_group"]:
+        mine = [p for p in points if group in p["by_group"]]
+        ax.plot([p["positions_seen"] / 1e6 for p in mine], [p["by_group"][group]["top1_at_depth"][0] for p in mine],
+                marker=".", label=group)
+    ax.set_xlabel("training positions seen (millions)")
+    ax.set_ylabel("held-out top-1, depth 1")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot(curve: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -104,6 +148,10 @@ def main() -> None:
     kept = [{"ckpt": str(c)} | {k: st[k] for k in keys if k in st} for c, (_, st) in zip(args.ckpt, stages)]
     (args.out / "curve.json").write_text(json.dumps({"stages": kept, "curve": curve}, indent=1) + "\n")
     text = markdown(curve, state, args.ckpt)
+    groups = group_markdown(curve)
+    if groups:
+        text += "\n\n" + groups
+        plot_groups(curve, args.out / "curve-groups.png")
     (args.out / "curve.md").write_text(text + "\n")
     plot(curve, args.out / "curve.png")
     write_doc_block(args.doc, "learning-curve", text)
