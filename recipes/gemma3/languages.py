@@ -2,11 +2,15 @@
 translations of three English sentences), the question / answer format in their own words ("qa") and a check
 that a text is written in a given language.
 
+`GROUPS` names the corpus sources of each language, of code and of English (everything else), as regular
+expressions for `hf-dynaspec features --sources`: one features folder per group, so training reports each.
+
 `in_language(text, code)` reads the script for non-Latin languages (the share of letters in the language's
 script; Japanese must hold kana, Chinese none) and, for Latin-script languages, counts common function words
 of that language against English ones. It is a filter for Gemma's own translations, not a language identifier.
 
-    python recipes/gemma3/languages.py "Wie viele Tage hat eine Woche?"
+    python recipes/gemma3/languages.py check "Wie viele Tage hat eine Woche?"
+    python recipes/gemma3/languages.py groups   # "name regex" per line, for run.sh
 """
 
 from __future__ import annotations
@@ -54,6 +58,20 @@ LANGUAGES: dict[str, dict] = {
                         "Explique por que o céu é azul."),
            "words": "o os as de que e em um uma é para com do da não no na por como se dos das"},
 }
+KINDS = ("translate", "list", "plain", "qa", "local")  # the source prefixes of multilingual.py's records
+_LANGUAGE_SOURCE = f"({'|'.join(KINDS)})-({'|'.join(LANGUAGES)})"
+GROUPS = {
+    "en": f"(?!{_LANGUAGE_SOURCE}$)(?!code-).*",  # the English corpus (build_corpus.py), older shards' "" too
+    **{code: f"({'|'.join(KINDS)})-{code}" for code in LANGUAGES},
+    "code": "code-.*",
+}
+
+
+def group_of(source: str) -> str:
+    """The group (`GROUPS`) a corpus source belongs to."""
+    return next(name for name, pattern in GROUPS.items() if re.fullmatch(pattern, source))
+
+
 ENGLISH_WORDS = set("the and is of to in a that for with what how you are this it be on your".split())
 
 # Unicode ranges of each non-Latin script (letters only are counted).
@@ -114,5 +132,10 @@ def question_list_prompt(questions: list[str], code: str) -> str:
 
 
 if __name__ == "__main__":
-    text = " ".join(sys.argv[1:])
-    print({code: in_language(text, code) for code in LANGUAGES})
+    if sys.argv[1:2] == ["groups"]:
+        print("\n".join(f"{name} {pattern}" for name, pattern in GROUPS.items()))
+    elif sys.argv[1:2] == ["check"]:
+        text = " ".join(sys.argv[2:])
+        print({code: in_language(text, code) for code in LANGUAGES})
+    else:
+        raise SystemExit(__doc__)

@@ -10,7 +10,9 @@ each resumable:
 1. `heldout`: seeds reserved by hash (`is_reserved`: never translated into the corpus) translated into every
    language; the first line of each translation that reads as that language (`languages.in_language`) is a
    held-out prompt, --slice-size per language, in `data/multilingual_slice.jsonl` (a bench prompt file:
-   question_id, category `lang-<code>`, prompt, seed). Nothing of this stage enters the corpus.
+   question_id, category `lang-<code>`, prompt, seed); the next --tuning-size per language are tuning prompts
+   (`data/tuning_prompts_multilingual.jsonl`: the tree and cluster budgets are chosen there, never on the
+   slice). Nothing of this stage enters the corpus.
 2. `translate`: --seeds per language of the other seeds, translated the same way into the corpus (sources
    `translate-<code>`): translation is training text too.
 3. `expand`: --lists per language numbered lists of three questions read back from those translations (their
@@ -52,6 +54,7 @@ from hf_dynaspec.training.corpus import (  # noqa: E402
 )
 
 SLICE = Path("data/multilingual_slice.jsonl")
+TUNING = Path("data/tuning_prompts_multilingual.jsonl")  # from reserved seeds too, never the slice's
 QUESTIONS = Path("data/multilingual_questions.jsonl")
 LOOPED = re.compile(r"(.{3,}?)\1{2,}")  # a span said three times running: a greedy loop, not a question
 RESERVE_EVERY = 40  # one seed in this many (by hash) is reserved for the held-out slices
@@ -87,19 +90,23 @@ def greedy_texts(model, tokenizer, prompts: list[str], max_new_tokens: int, batc
 
 
 def heldout(model, tokenizer, args) -> None:
-    """Stage 1: `args.slice_size` held-out prompts per language from the reserved seeds."""
+    """Stage 1: `args.slice_size` held-out prompts per language from the reserved seeds, and the next
+    `args.tuning_size` as tuning prompts (for the tree and cluster budgets, never for the comparison)."""
     reserved = [s for s in english_seeds() if is_reserved(s)]
     random.Random(args.seed).shuffle(reserved)
     seeds = reserved[: args.slice_size * 2]  # translations that fail the language check are dropped
-    rows = []
+    rows, tuning = [], []
     for code in LANGUAGES:
         texts = greedy_texts(model, tokenizer, [few_shot_prompt(s, code) for s in seeds], 48, args.batch_size)
         kept = [(s, t.split("\n")[0].strip()) for s, t in zip(seeds, texts)]
-        kept = [(s, q) for s, q in kept if q in translations(q, code)][: args.slice_size]
+        kept = [(s, q) for s, q in kept if q in translations(q, code)]
         rows += [{"question_id": f"{code}-{i:03d}", "category": f"lang-{code}", "prompt": q, "seed": s}
-                 for i, (s, q) in enumerate(kept)]
-        print(f"{code}: {len(kept)} held-out prompts from {len(seeds)} seeds")
+                 for i, (s, q) in enumerate(kept[: args.slice_size])]
+        tuning += [{"question_id": f"tune-{code}-{i:03d}", "category": f"lang-{code}", "prompt": q, "seed": s}
+                   for i, (s, q) in enumerate(kept[args.slice_size : args.slice_size + args.tuning_size])]
+        print(f"{code}: {min(len(kept), args.slice_size)} held-out prompts from {len(seeds)} seeds")
     SLICE.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    TUNING.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in tuning))
 
 
 def translate_records(seeds_per_language: int, seed: int) -> list[dict]:
@@ -138,7 +145,7 @@ def listed(answer: str, code: str) -> list[str]:
 def read_questions(corpus: Path, tokenizer, kinds: tuple[str, ...] = ("translate", "list")) -> list[dict]:
     """Questions per language read back from the corpus's translations and question lists (`kinds`),
     deduplicated, minus the held-out prompts, in corpus order."""
-    held = {json.loads(line)["prompt"] for line in SLICE.read_text().splitlines()}
+    held = {json.loads(line)["prompt"] for f in (SLICE, TUNING) if f.is_file() for line in f.read_text().splitlines()}
     seen, rows = set(held), []
     for conv in load_corpus(corpus):
         if conv.source and not conv.source.startswith(("translate-", "list-")):
@@ -189,6 +196,7 @@ def main() -> None:
     parser.add_argument("stage", choices=("heldout", "translate", "expand", "answer"))
     parser.add_argument("--corpus", default="data/corpus/gemma3", help="corpus folder the stages append to")
     parser.add_argument("--slice-size", type=int, default=16, help="held-out prompts per language")
+    parser.add_argument("--tuning-size", type=int, default=2, help="tuning prompts per language (after the slice's)")
     parser.add_argument("--seeds", type=int, default=150, help="English seeds translated per language (stage 2)")
     parser.add_argument("--lists", type=int, default=400, help="question lists continued per language (stage 3)")
     parser.add_argument("--max-questions", type=int, default=1000, help="questions answered per language (stage 4)")
