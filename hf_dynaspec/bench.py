@@ -29,8 +29,8 @@ import torch
 from tqdm.auto import tqdm
 
 from .evaluation import load as load_evaluation
-from .generation.config import DynaSpecGenerationConfig
 from .generation.stats import SpeculativeStats
+from .generation_config import DynaSpecGenerationConfig
 from .targets import encode_formatted
 
 # transformers' own speculative options that need no extra model: plain generate() keyword arguments

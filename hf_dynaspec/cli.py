@@ -30,7 +30,7 @@ from huggingface_hub import HfApi
 from . import __version__, bench, quality, sharing
 from .configuration import ARCHITECTURES, eagle3_layer_ids
 from .cpu import is_prepared_for_cpu, prepare_for_cpu
-from .generation.config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecGenerationConfig
+from .generation_config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecGenerationConfig
 from .interchange import DEFAULT_DRAFT_VOCAB, FORMATS, export_eagle3, load_eagle3, shortlist_counts_on_data
 from .modeling import DynaSpecDrafter
 from .targets import GEMMA3_ALIASES, PROMPT_FORMATS, SMOLLM2_ALIASES, encode_formatted, load_target

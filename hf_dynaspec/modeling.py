@@ -35,11 +35,11 @@ from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 from .clustering import VocabClusters, cluster_vocabulary
 from .configuration import DynaSpecConfig
 from .eagle3 import Eagle3DecoderLayer
-from .generation.config import DynaSpecGenerationConfig, default_drafter_generation_config
-from .generation.verify import select_hidden_states
+from .generation_config import DynaSpecGenerationConfig, default_drafter_generation_config
 from .head import HeadOutput, LogitTransform, ShortlistHead
 from .masks import attention_kinds, causal_mask
 from .router import ClusterRouter, Timer, run_router_beside
+from .target_states import select_hidden_states
 
 
 @dataclass

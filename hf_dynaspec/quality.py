@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .evaluation import load as load_module
-from .generation.config import DynaSpecGenerationConfig
+from .generation_config import DynaSpecGenerationConfig
 from .targets import encode_prompt
 
 DEFAULT_QUESTIONS = Path(__file__).resolve().parent.parent / "data" / "gsm8k" / "test.jsonl"

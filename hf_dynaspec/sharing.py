@@ -15,7 +15,7 @@ from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from .generation.config import TREE_FIELDS, resolve_draft_settings
+from .generation_config import TREE_FIELDS, resolve_draft_settings
 
 TREE_TUNING = "tree_tuning.json"  # the evidence for a drafter's default tree (the recipes' tune_tree.py --write)
 # what `hf-dynaspec push` uploads: the drafter's own files, never optimizer state or training checkpoints

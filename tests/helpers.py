@@ -25,9 +25,9 @@ import hf_dynaspec  # noqa: F401  (installs the generate() hook)
 from hf_dynaspec import DynaSpecConfig, DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.generation import decoding
 from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
-from hf_dynaspec.generation.config import DraftSettings, resolve_draft_settings
 from hf_dynaspec.generation.tree import DraftTree, Expand, Proposals, VerifyTree, grow_tree
 from hf_dynaspec.generation.verify import WalkResult
+from hf_dynaspec.generation_config import DraftSettings, resolve_draft_settings
 
 POLICIES = ("eagle2", "dyspec", "chain")
 HEAD_MODES = ("dynamic", "full")

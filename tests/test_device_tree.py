@@ -11,7 +11,7 @@ from helpers import REPO, load_benchmark_script, load_script, prompt, tiny_draft
 
 from hf_dynaspec import DynaSpecConfig, DynaSpecGenerationConfig
 from hf_dynaspec.bench import Record
-from hf_dynaspec.generation.config import (
+from hf_dynaspec.generation_config import (
     DEFAULT_DEVICE_TREES,
     DEFAULT_SETTINGS,
     TREE_FIELDS,

@@ -7,7 +7,7 @@ import torch
 from helpers import prompt, tiny_target
 
 from hf_dynaspec import DynaSpecConfig, DynaSpecGenerationConfig
-from hf_dynaspec.generation.config import DEFAULT_SETTINGS, resolve_draft_settings
+from hf_dynaspec.generation_config import DEFAULT_SETTINGS, resolve_draft_settings
 
 
 def test_batch_size_above_one_is_refused(target, drafter):

@@ -7,9 +7,9 @@ import torch
 from helpers import prompt
 
 from hf_dynaspec import DynaSpecConfig, DynaSpecGenerationConfig
-from hf_dynaspec.generation.config import DEFAULT_SETTINGS, DraftSettings, resolve_draft_settings
 from hf_dynaspec.generation.lookup import find_continuation
 from hf_dynaspec.generation.tree import DraftTree, grow_tree
+from hf_dynaspec.generation_config import DEFAULT_SETTINGS, DraftSettings, resolve_draft_settings
 
 
 def ids(*tokens: int) -> torch.Tensor:

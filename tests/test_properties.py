@@ -22,9 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.generation.logits_process import LogitsProcessorList
 
-from hf_dynaspec.generation.config import DraftSettings
 from hf_dynaspec.generation.tree import VerifyTree
 from hf_dynaspec.generation.verify import walk_tree
+from hf_dynaspec.generation_config import DraftSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

@@ -15,7 +15,7 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, Llama
 
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.bench import method_settings
-from hf_dynaspec.generation.config import DEFAULT_DEVICE_TREES, TREE_FIELDS, resolve_draft_settings
+from hf_dynaspec.generation_config import DEFAULT_DEVICE_TREES, TREE_FIELDS, resolve_draft_settings
 from hf_dynaspec.sharing import TREE_TUNING
 from hf_dynaspec.targets import smollm2_gguf_dir
 

@@ -14,7 +14,6 @@ import torch
 from helpers import draft_settings, random_trees
 from hypothesis import given, settings
 
-from hf_dynaspec.generation.config import DraftSettings
 from hf_dynaspec.generation.tree import (
     DraftTree,
     VerifyTree,
@@ -25,6 +24,7 @@ from hf_dynaspec.generation.tree import (
     grow_tree,
     subtree,
 )
+from hf_dynaspec.generation_config import DraftSettings
 
 LOG = math.log
 

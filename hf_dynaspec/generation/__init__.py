@@ -1,6 +1,6 @@
 """Tree speculative decoding inside transformers' generate(): config, tree, verification, loop, hook."""
 
-from .config import DraftSettings, DynaSpecGenerationConfig, resolve_draft_settings
+from ..generation_config import DraftSettings, DynaSpecGenerationConfig, resolve_draft_settings
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
 
 __all__ = [

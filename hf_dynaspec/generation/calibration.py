@@ -21,8 +21,8 @@ import weakref
 import torch
 from transformers import DynamicCache
 
+from ..generation_config import DraftSettings
 from ..masks import target_masks
-from .config import DraftSettings
 from .cost import VerifyCosts
 from .verify import crop_cache
 from .walk_head import LAYOUTS, WalkHead, choose_walk_head

@@ -31,9 +31,9 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 from transformers.generation.candidate_generator import CandidateGenerator
 
+from ..generation_config import DraftSettings, resolve_draft_settings
 from ..head import CONTEXT_MODES, ContextColumns, HeadOutput
 from ..masks import additive_mask, causal_mask
-from .config import DraftSettings, resolve_draft_settings
 from .cost import AcceptanceTracker, VerifyCosts, trim_to_cost
 from .lookup import find_continuation
 from .stats import SpeculativeStats

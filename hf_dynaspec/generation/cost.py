@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .config import are_positive_costs
+from ..generation_config import are_positive_costs
 from .tree import VerifyTree, close_under_ancestors, subtree
 
 

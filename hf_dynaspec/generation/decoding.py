@@ -23,16 +23,15 @@ from transformers import DynamicCache, GenerationConfig
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
+from ..generation_config import resolve_draft_settings
 from ..modeling import DynaSpecDrafter
+from ..target_states import hidden_state_request, select_hidden_states
 from .calibration import measure_walk_head, verify_costs_for
 from .candidates import DynaSpecCandidateGenerator
-from .config import resolve_draft_settings
 from .gate import DraftGate
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
 from .verify import (
-    hidden_state_request,
     keep_accepted,
-    select_hidden_states,
     verify_forward,
     walk_tree,
 )

@@ -28,8 +28,8 @@ from importlib import metadata
 import transformers
 from transformers.generation.utils import GenerationMixin, GenerationMode
 
+from ..generation_config import SPEC_FIELDS, speculative_fields_of
 from ..modeling import DynaSpecDrafter
-from .config import SPEC_FIELDS, speculative_fields_of
 from .decoding import speculative_decode
 
 _MARK = "__hf_dynaspec_hook__"

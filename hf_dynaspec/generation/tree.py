@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import DraftSettings
+from ..generation_config import DraftSettings
 
 Expand = Callable[[list[int]], tuple[torch.Tensor, torch.Tensor]]  # nodes -> (F, k) tokens, (F, k) logp
 Proposals = tuple[torch.Tensor, torch.Tensor]  # (F, k) tokens, (F, k) log q

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..generation.verify import select_hidden_states
+from ..target_states import select_hidden_states
 from .corpus import CorpusConversation, feature_rows, load_corpus, stored_features
 
 FORMAT = "features"

@@ -26,7 +26,7 @@ from hf_dynaspec.bench import (
     summarize,
     write_doc_block,
 )
-from hf_dynaspec.generation.config import TREE_FIELDS
+from hf_dynaspec.generation_config import TREE_FIELDS
 from hf_dynaspec.sharing import TREE_TUNING
 from hf_dynaspec.targets import load_target
 

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from ..configuration import DynaSpecConfig
-from ..head import HEAD_MODES, STATIC_SIZED_MODES
+from .configuration import DynaSpecConfig
+from .head import HEAD_MODES, STATIC_SIZED_MODES
 
 TREE_POLICIES = ("eagle2", "dyspec", "chain")
 SPEC_FIELDS = (
