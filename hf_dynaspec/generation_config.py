@@ -23,7 +23,7 @@ import torch
 from transformers import GenerationConfig
 
 from .configuration import DynaSpecConfig
-from .head import HEAD_MODES, STATIC_SIZED_MODES
+from .head import HEAD_MODES, LAYOUTS, STATIC_SIZED_MODES
 
 TREE_POLICIES = ("eagle2", "dyspec", "chain")
 SPEC_FIELDS = (
@@ -42,6 +42,7 @@ SPEC_FIELDS = (
     "verify_costs",
     "draft_gate",
     "synchronize_timers",
+    "shortlist_layout",
     "device_trees",
 )
 # The fields that size the draft tree: what `device_trees` may set per device type.
@@ -50,8 +51,9 @@ TREE_FIELDS = ("tree_policy", "num_draft_nodes", "draft_depth", "draft_top_k", "
 DEFAULT_SETTINGS = dict(
     tree_policy="eagle2", num_draft_nodes=12, draft_depth=5, draft_top_k=4, head_mode="dynamic", min_draft_prob=0.0,
     lookup_num_tokens=8, lookup_max_ngram=3, lookup_min_ngram=1, verify_costs="off", static_size=None,
-    draft_gate=False, synchronize_timers=False,
+    draft_gate=False, synchronize_timers=False, shortlist_layout="auto",
 )
+SHORTLIST_LAYOUTS = ("auto", *LAYOUTS)
 # Per device type, over DEFAULT_SETTINGS: the tree with the best modelled speed from measured GPU costs and
 # measured acceptance (`python benchmarks/device_tree.py`, results in benchmarks/results/cuda-default-tree).
 DEFAULT_DEVICE_TREES: dict[str, dict[str, Any]] = {
@@ -93,6 +95,10 @@ class DynaSpecGenerationConfig(GenerationConfig):
             (`generation.gate`); output is unchanged either way.
         synchronize_timers (`bool`): on CUDA, synchronise around each timed section of `speculative_stats`
             so its times measure work rather than kernel launches (slows decoding; for profiling).
+        shortlist_layout (`str`): how the "dynamic" and "union" heads lay out their shortlists: "union" (the
+            union of the positions' clusters in one GEMM, planned on the host: one host read per head call),
+            "lanes" (each position's own clusters in fixed-size lanes: no host read, for CUDA graphs and
+            compiled steps) or "auto" ("lanes" on CUDA, "union" elsewhere). Same drafts either way.
         device_trees (`dict[str, dict]`): tree fields per device type, e.g.
             `{"cpu": {"num_draft_nodes": 12}, "cuda": {"num_draft_nodes": 60, "draft_depth": 6}}`: where the
             target runs on that device type, they override this config's flat fields (keys: `TREE_FIELDS`).
@@ -115,6 +121,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         static_size: int | None = None,
         draft_gate: bool | None = None,
         synchronize_timers: bool | None = None,
+        shortlist_layout: str | None = None,
         device_trees: dict[str, dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -133,6 +140,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         self.static_size = static_size
         self.draft_gate = draft_gate
         self.synchronize_timers = synchronize_timers
+        self.shortlist_layout = shortlist_layout
         self.device_trees = device_trees
         super().__init__(**kwargs)
 
@@ -174,11 +182,12 @@ class DraftSettings:
     static_size: int | None
     draft_gate: bool
     synchronize_timers: bool
+    shortlist_layout: str  # "union" or "lanes" ("auto" is resolved per device)
 
 
 def check_speculative_fields(fields: dict[str, Any]) -> None:
     """Raise `ValueError` naming the field and the valid range for impossible values."""
-    choices = {"tree_policy": TREE_POLICIES, "head_mode": HEAD_MODES}
+    choices = {"tree_policy": TREE_POLICIES, "head_mode": HEAD_MODES, "shortlist_layout": SHORTLIST_LAYOUTS}
     ranges = {
         "num_draft_nodes": (1, 1024),
         "draft_depth": (1, 64),
@@ -310,6 +319,8 @@ def resolve_draft_settings(
     check_static_size(merged["static_size"], merged["head_mode"], drafter_config)
     if isinstance(merged["verify_costs"], list):
         merged["verify_costs"] = tuple(float(c) for c in merged["verify_costs"])
+    if merged["shortlist_layout"] == "auto":
+        merged["shortlist_layout"] = "lanes" if device_type == "cuda" else "union"
     if merged["tree_policy"] == "chain":
         merged["draft_top_k"] = 1
         merged["num_draft_nodes"] = min(merged["num_draft_nodes"], merged["draft_depth"])

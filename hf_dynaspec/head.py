@@ -14,6 +14,13 @@ Five modes share one interface (`ShortlistHead.logits`):
 The `always_include_ids` (EOS) are always in the shortlist, so the drafter can propose the end of a reply.
 A token is in at most one finite column per position (duplicates would count its probability twice).
 
+The router's shortlists come in two layouts (`LAYOUTS`), with the same finite columns per position:
+- "union": the union of all positions' clusters, one GEMM over its rows, each position masking the clusters it
+  did not choose. The union's size is read on the host (one read per call): the fastest on a CPU.
+- "lanes": each position's own clusters in fixed-size lanes (`ops.cluster_lm_head`: K slots of the largest
+  cluster's size, masked lanes -inf), token ids per position. Nothing is read on the host and no shape
+  depends on values, so a draft step can be captured in a CUDA graph or compiled whole.
+
     python -m pytest tests/test_drafter.py -q -k head
 """
 
@@ -25,10 +32,11 @@ import torch
 import torch.nn.functional as F
 
 from .clustering import VocabClusters
-from .ops import gathered_lm_head, segmented_lm_head
+from .ops import cluster_head_impl, gathered_lm_head, load_kernel_package, segmented_lm_head
 from .router import select_clusters
 
 HEAD_MODES = ("dynamic", "full", "static", "context", "union")
+LAYOUTS = ("union", "lanes")  # how the router's shortlists are laid out (module docstring)
 CONTEXT_MODES = ("context", "union")  # the modes that read the context's token ids
 STATIC_SIZED_MODES = ("static", "context")  # the modes that read the static shortlist (`static_size` sizes it)
 
@@ -61,13 +69,18 @@ class LogitTransform:
 class HeadOutput:
     """Shortlisted logits of T draft positions.
 
-    token_ids: (S,) vocabulary ids of the columns; logits: (T, S) fp32, -inf where a column is outside that
-    position's own shortlist; shortlist_sizes: (T,) number of finite columns per position.
+    token_ids: (S,) vocabulary ids of the columns, or (T, S) per position ("lanes" layout); logits: (T, S)
+    fp32, -inf where a column is outside that position's own shortlist; shortlist_sizes: (T,) number of
+    finite columns per position.
     """
 
     token_ids: torch.Tensor
     logits: torch.Tensor
     shortlist_sizes: torch.Tensor
+
+    def ids_at(self, columns: torch.Tensor) -> torch.Tensor:
+        """Vocabulary ids of the columns (T, k) of each position: (T, k)."""
+        return self.token_ids.expand_as(self.logits).gather(1, columns)
 
     def to_vocab(self, vocab_size: int) -> torch.Tensor:
         """Scatter into (T, V) with -inf outside the shortlist (for tests and the sampling verifier)."""
@@ -106,6 +119,10 @@ class ShortlistHead:
         self.cluster_of_token = clusters.cluster_of_token.to(self.device)  # (V,)
         self.permutation = clusters.permutation.to(self.device)  # (V,)
         self.offsets = clusters.offsets.tolist()  # (M + 1,) on the host: the layout slices need no device read
+        self.offsets_on_device = clusters.offsets.to(self.device)  # (M + 1,) for the "lanes" layout
+        self.lane_width = max(b - a for a, b in zip(self.offsets[:-1], self.offsets[1:]))  # the largest cluster
+        self._cluster_head = cluster_head_impl(self.device)  # resolved here: the "lanes" path compiles whole
+        self._cluster_lanes = load_kernel_package().cluster_lanes
         # CPU path reads rows in place from a cluster-contiguous copy; CUDA gathers from the original.
         self.weight_by_cluster = weight.index_select(0, self.permutation) if not weight.is_cuda else None
         self.cluster_of_position = self.cluster_of_token[self.permutation]  # (V,) cluster of each sorted row
@@ -166,10 +183,14 @@ class ShortlistHead:
         k: int | list[int] | torch.Tensor = 1,
         context: ContextColumns | None = None,
         static_size: int | None = None,
+        layout: str = "union",
     ) -> HeadOutput:
         """features: (T, d) drafter outputs -> HeadOutput over the mode's shortlist; k: clusters per position;
         context: the step's `context_columns` ("context" and "union" modes); static_size: use only the first N
-        of a frequency-ranked static shortlist ("static" mode; None: all of it)."""
+        of a frequency-ranked static shortlist ("static" mode; None: all of it); layout: of the router's
+        shortlists ("dynamic" and "union" modes; `LAYOUTS`)."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
         if mode in CONTEXT_MODES and context is None:
             raise ValueError(f"head_mode={mode!r} needs the step's context columns (`context_columns`).")
         if mode == "context":
@@ -179,6 +200,8 @@ class ShortlistHead:
         if mode == "union":
             if router_logits is None:
                 raise ValueError("head_mode='union' needs router logits.")
+            if layout == "lanes":
+                return self._lanes(features, router_logits, k, context)
             return self._dynamic(features, select_clusters(router_logits, k), context)
         if mode == "full":
             logits = self.transform(F.linear(features, self.weight).float())  # (T, V)
@@ -197,6 +220,8 @@ class ShortlistHead:
         if mode == "dynamic":
             if router_logits is None:
                 raise ValueError("head_mode='dynamic' needs router logits.")
+            if layout == "lanes":
+                return self._lanes(features, router_logits, k)
             return self._dynamic(features, select_clusters(router_logits, k))
         raise ValueError(f"Unknown head_mode {mode!r}: choose one of {HEAD_MODES}.")
 
@@ -229,3 +254,35 @@ class ShortlistHead:
         own = torch.cat([own, extra_own], dim=-1)
         logits = logits.masked_fill(~own, float("-inf"))
         return HeadOutput(torch.cat([token_ids, extra_ids]), logits, own.sum(dim=-1))
+
+    def _lanes(
+        self, features: torch.Tensor, router_logits: torch.Tensor, k: int | list[int] | torch.Tensor,
+        context: ContextColumns | None = None,
+    ) -> HeadOutput:
+        """The "lanes" layout: each of the T positions scores its own top-k clusters in K fixed slots of
+        `lane_width` columns (K = the largest budget, known on the host), then the always-included ids (or, in
+        "union" mode, the context's tokens), each live where the position's clusters do not hold it already."""
+        rows = router_logits.shape[0]
+        if isinstance(k, int):
+            budgets, slots = None, min(k, router_logits.shape[-1])
+        elif isinstance(k, list):
+            budgets, slots = torch.tensor(k, device=self.device), min(max(k), router_logits.shape[-1])
+        else:
+            raise ValueError("The 'lanes' layout takes cluster budgets as an int or a host list (a tensor would "
+                             "be read on the host to size the slots).")
+        top = router_logits.topk(slots, dim=-1).indices  # (T, K)
+        if budgets is not None:  # a position with a smaller budget leaves its last slots unused
+            top = top.masked_fill(torch.arange(slots, device=self.device)[None] >= budgets[:, None], -1)
+        logits = self._cluster_head(features, self.weight, self.permutation, self.offsets_on_device, top,
+                                    self.lane_width)  # (T, K * W), -inf on masked lanes
+        token_ids, live = self._cluster_lanes(self.permutation, self.offsets_on_device, top,
+                                              self.lane_width)  # (T, K * W) each
+        extra_ids, extra_weight = (self.extra_ids, self.extra_weight) if context is None else \
+            (context.token_ids, context.weight)  # (E,), (E, d)
+        held = (self.cluster_of_token[extra_ids][None, None, :] == top[:, :, None]).any(dim=1)  # (T, E)
+        logits = torch.cat([logits.masked_fill(~live, 0.0), F.linear(features, extra_weight).float()], dim=-1)
+        live = torch.cat([live, ~held], dim=-1)  # (T, K * W + E)
+        # the transform (a soft-cap) would lift -inf to a finite value: mask after it
+        logits = self.transform(logits).masked_fill(~live, float("-inf"))
+        token_ids = torch.cat([token_ids, extra_ids.expand(rows, -1)], dim=-1)
+        return HeadOutput(token_ids, logits, live.sum(dim=-1))

@@ -5,6 +5,7 @@ LM-head weight ``W`` (V, d):
 
     gathered_lm_head:  logits[n, s] = sum_k h[n, k] * W[token_ids[s], k]          -> (N, S)
     segmented_lm_head: logits = h @ concat_i(W[starts[i]:ends[i]]).T               -> (N, sum(ends - starts))
+    cluster_lm_head:   row t over the K clusters it chose, in fixed lanes (masked lanes -inf)  -> (N, K * width)
 
 ``gathered_lm_head`` dispatches between three backends:
 
@@ -37,7 +38,7 @@ import importlib.util
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from types import ModuleType
@@ -46,6 +47,7 @@ import torch
 
 __all__ = [
     "BACKENDS",
+    "cluster_lm_head",
     "ENV_VAR",
     "gathered_lm_head",
     "head_backend",
@@ -273,6 +275,46 @@ def gathered_lm_head(
     if name == "reference":
         return kernels.gathered_lm_head_reference(hidden_states, weight, token_ids)
     return _gathered_head_torch(hidden_states, weight, token_ids)
+
+
+def cluster_lm_head(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    row_ids: torch.Tensor,
+    offsets: torch.Tensor,
+    clusters: torch.Tensor,
+    width: int,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Each row's fp32 logits over its own clusters, in fixed lanes: ``hidden_states`` (T, d), ``weight`` (V, d),
+    the cluster layout ``row_ids`` (V,) / ``offsets`` (M + 1,), ``clusters`` (T, K) (-1: unused) -> (T, K * width),
+    lane j of slot k the j-th token of cluster clusters[t, k], -inf past its end (the kernel package's
+    ``cluster_head.py`` has the definition). No host read and no data-dependent shape, whatever the backend:
+    "triton" (the fused walk, default on CUDA), "torch" (gather + batched GEMV) or "reference"."""
+    load_kernel_package().check_cluster_inputs(hidden_states, weight, row_ids, offsets, clusters, width)
+    impl = cluster_head_impl(hidden_states.device, backend, requires_grad=_needs_grad(hidden_states, weight))
+    return impl(hidden_states, weight, row_ids, offsets, clusters, width)
+
+
+def cluster_head_impl(
+    device: torch.device, backend: str | None = None, *, requires_grad: bool = False
+) -> Callable[..., torch.Tensor]:
+    """The `cluster_lm_head` implementation for tensors on `device`, resolved once: a draft step that holds it
+    makes no import, environment read or backend choice per call, so it compiles whole."""
+    kernels = load_kernel_package()
+    name = resolve_head_backend(device, backend, requires_grad=requires_grad)
+    if name == "triton":
+        return kernels.cluster_lm_head_triton
+    if name == "reference":
+        return kernels.cluster_lm_head_reference
+    return functools.partial(_cluster_head_torch, kernels.cluster_lanes)
+
+
+def _cluster_head_torch(cluster_lanes, hidden_states, weight, row_ids, offsets, clusters, width) -> torch.Tensor:
+    ids, live = cluster_lanes(row_ids, offsets, clusters, width)  # (T, S) each
+    logits = torch.bmm(weight[ids], hidden_states[:, :, None]).squeeze(-1).float()  # (T, S, d) @ (T, d, 1)
+    return logits.masked_fill(~live, float("-inf"))
 
 
 def merge_adjacent_ranges(starts: Sequence[int], ends: Sequence[int]) -> list[tuple[int, int]]:

@@ -250,11 +250,11 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         ]
         with self.stats.timer("head", self.device):
             head = self.drafter.bound_head.logits(features, settings.head_mode, router_logits, budget, self.context,
-                                                  settings.static_size)
+                                                  settings.static_size, settings.shortlist_layout)
         self.stats.add_shortlist(head.shortlist_sizes)
         logq = torch.log_softmax(head.logits, dim=-1)  # (F, S), -inf outside each shortlist
         top = logq.topk(min(settings.draft_top_k, logq.shape[-1]), dim=-1)
-        return head, (head.token_ids[top.indices], top.values)
+        return head, (head.ids_at(top.indices), top.values)
 
     # ------------------------------------------------------------------ transformers' chain interface
     @torch.no_grad()

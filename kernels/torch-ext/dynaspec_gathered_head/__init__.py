@@ -9,6 +9,8 @@ A standalone, pure-Python kernel package laid out for the Hugging Face Kernel Hu
 - ``gathered_lm_head_reference``: the readable PyTorch spec (index_select, fp32 matmul).
 - ``gathered_lm_head_triton``: fused gather + GEMM Triton kernel (CUDA, or CPU under
   ``TRITON_INTERPRET=1``).
+- ``cluster_lm_head_reference`` / ``cluster_lm_head_triton``: each row's logits over its own clusters, walked
+  through the cluster offset table into a fixed (T, K * width) shape, masked lanes -inf (``cluster_head.py``).
 
 Tiny CPU check, from the repository root:
 
@@ -17,11 +19,16 @@ import dynaspec_gathered_head as k; h, w, i = torch.randn(3, 40), torch.randn(50
 print((k.gathered_lm_head_triton(h, w, i) - k.gathered_lm_head_reference(h, w, i)).abs().max())"
 """
 
+from .cluster_head import check_cluster_inputs, cluster_lanes, cluster_lm_head_reference, cluster_lm_head_triton
 from .reference import check_inputs, gathered_lm_head_reference
 from .triton_kernel import HAS_TRITON, gathered_lm_head_triton, is_interpreter_mode, launch_plan
 
 __all__ = [
     "HAS_TRITON",
+    "check_cluster_inputs",
+    "cluster_lanes",
+    "cluster_lm_head_reference",
+    "cluster_lm_head_triton",
     "check_inputs",
     "gathered_lm_head_reference",
     "gathered_lm_head_triton",
