@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--layers", type=int, nargs="+", default=None,
                       help="EAGLE-3: target hidden states read (indices into output_hidden_states); default low, "
                            "middle, high as EAGLE-3 picks them")
+    init.add_argument("--balanced-clusters", action="store_true",
+                      help="clusters of equal size (V / M tokens each): no wasted lanes in the fixed-shape 'lanes' head")
     init.add_argument("--hidden-act", default=None,
                       help="the drafter layer's MLP activation; default silu, the one EAGLE-3 servers (vLLM) take")
     init.add_argument("--intermediate-size", type=int, default=None,
@@ -327,7 +329,8 @@ def cmd_init(args: argparse.Namespace) -> int:
                                 ("layer_intermediate_size", args.intermediate_size)) if v is not None}
     kwargs["drafter_architecture"] = args.architecture
     start = time.perf_counter()
-    drafter = DynaSpecDrafter.from_target(target, num_clusters=args.num_clusters, seed=args.seed, **kwargs)
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=args.num_clusters, seed=args.seed,
+                                          balanced_clusters=args.balanced_clusters, **kwargs)
     if args.copy_last_layer:
         drafter.init_layer_from_target(target)
     drafter.save_pretrained(args.out, tokenizer=tokenizer)  # the tokenizer: for assistant_model="<folder>"

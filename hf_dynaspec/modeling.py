@@ -32,6 +32,7 @@ from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput
 from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
+from .balanced_clusters import balanced_vocabulary
 from .clustering import VocabClusters, cluster_vocabulary
 from .configuration import DynaSpecConfig
 from .eagle3 import Eagle3DecoderLayer
@@ -135,10 +136,12 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         seed: int = 0,
         static_token_ids: torch.Tensor | None = None,
         cluster_iters: int = 20,
+        balanced_clusters: bool = False,
         **config_kwargs: Any,
     ) -> DynaSpecDrafter:
-        """A fresh (untrained) drafter for `target`: clusters from its LM head, one Llama decoder layer sized from
-        its config (whatever its family)."""
+        """A fresh (untrained) drafter for `target`: clusters from its LM head (all of one size with
+        `balanced_clusters`, for the fixed-shape "lanes" head), one Llama decoder layer sized from its config
+        (whatever its family)."""
         check_target_kind(target)
         if static_token_ids is not None:
             config_kwargs["static_shortlist_size"] = int(static_token_ids.numel())
@@ -146,7 +149,8 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         config._attn_implementation = target.config._attn_implementation
         drafter = cls(config)
         weight = target.get_output_embeddings().weight.detach()
-        drafter.set_clusters(cluster_vocabulary(weight, num_clusters, seed=seed, max_iters=cluster_iters))
+        cluster = balanced_vocabulary if balanced_clusters else cluster_vocabulary
+        drafter.set_clusters(cluster(weight, num_clusters, seed=seed, max_iters=cluster_iters))
         if static_token_ids is not None:
             drafter.static_token_ids = static_token_ids.detach().to(torch.long).clone()
         drafter.to(device=weight.device, dtype=weight.dtype)

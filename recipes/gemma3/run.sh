@@ -17,6 +17,8 @@ PROMPTS=${PROMPTS:-12000}  # English prompts (the first corpus; kept fixed, it d
 CLUSTERS=${CLUSTERS:-256}
 K0=${K0:-8}
 K1=${K1:-4}
+BALANCED=${BALANCED:---balanced-clusters}  # equal-size clusters (no wasted lanes on CUDA); set BALANCED= for
+                                          # plain k-means if the clusters stage's per-group table says so
 STEPS=${STEPS:-6000}
 UNROLL=${UNROLL:-4}
 LIMIT=${LIMIT:-10}  # Spec-Bench prompts per category (130 in all)
@@ -48,16 +50,16 @@ while read -r group pattern; do
     FEATURES+=(--data "$RUN/features/$group")
 done < <(python recipes/gemma3/languages.py groups)
 
-# 3. cluster count and budgets re-measured on the new corpus (router trained alone per setting, recall against a
-#    static list of the same size ranked on the same corpus)
+# 3. cluster count, equal or plain cluster sizes and budgets re-measured on the new corpus (router trained alone per
+#    setting, recall overall and per group against a static list of the same size ranked on the same corpus)
 [ -f "$RUN/clusters/results.json" ] || stage clusters python recipes/gemma3/clusters.py "${FEATURES[@]}" \
-    --out "$RUN/clusters"
+    --out "$RUN/clusters" --clusters 128 256 512 --balanced both --group-budget "$K0"
 
 # 4. drafter: a fresh EAGLE-3 layer with a silu MLP (the one vLLM's EAGLE-3 layer takes), the router trained
 #    multi-label (a cluster is positive when it holds one of the drafter's top-L tokens or the target's next
 #    token), the learning curve per group decides whether more steps pay
 [ -f "$RUN/init/config.json" ] || stage init hf-dynaspec init --target gemma3 --architecture eagle3 \
-    --num-clusters "$CLUSTERS" --k0 "$K0" --k1 "$K1" --out "$RUN/init"
+    --num-clusters "$CLUSTERS" --k0 "$K0" --k1 "$K1" $BALANCED --out "$RUN/init"
 stage train hf-dynaspec train --target gemma3 --drafter "$RUN/init" "${FEATURES[@]}" --ckpt-dir "$RUN/ckpt" \
     --steps "$STEPS" --lr 5e-4 --batch-size 8 --seq-len 256 --unroll "$UNROLL" --head-positions 64 --bf16 \
     --eval-every 500 --loss-weights 0 1 0.2 --threads 2
