@@ -19,7 +19,12 @@ import dynaspec_gathered_head as k; h, w, i = torch.randn(3, 40), torch.randn(50
 print((k.gathered_lm_head_triton(h, w, i) - k.gathered_lm_head_reference(h, w, i)).abs().max())"
 """
 
-from .cluster_head import check_cluster_inputs, cluster_lanes, cluster_lm_head_reference, cluster_lm_head_triton
+from .cluster_head import (
+    check_cluster_inputs,
+    cluster_lanes,
+    cluster_lm_head_reference,
+    cluster_lm_head_triton,
+)
 from .reference import check_inputs, gathered_lm_head_reference
 from .triton_kernel import HAS_TRITON, gathered_lm_head_triton, is_interpreter_mode, launch_plan
 
