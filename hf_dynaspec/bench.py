@@ -151,8 +151,10 @@ def method_settings(method: str) -> dict | None:
     return {**settings, **extra}
 
 
-def parse_value(text: str) -> int | float | str:
-    """"8" -> 8, "0.3" -> 0.3, "dyspec" -> "dyspec"."""
+def parse_value(text: str) -> bool | int | float | str:
+    """"8" -> 8, "0.3" -> 0.3, "true" -> True, "dyspec" -> "dyspec"."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     for kind in (int, float):
         try:
             return kind(text)
@@ -306,7 +308,7 @@ def summarize(records: list[Record]) -> list[Summary]:
             extend_share=stats.time("extend") / seconds if "extend" in stats.seconds else None,
             mismatches=sum(not r.matches_plain for r in recs),
             prompts=len(recs),
-            extra={"lookup_share": stats.lookup_share},
+            extra={"lookup_share": stats.lookup_share} | host_read_figures(stats),
         ))
     compare_heads(out)
     add_significance(out, groups)
@@ -441,6 +443,27 @@ def markdown_table(summaries: list[Summary]) -> str:
     return "\n".join(rows)
 
 
+def host_read_figures(stats: SpeculativeStats) -> dict[str, float]:
+    """Host reads per decoding step, ours and the target forward's, where the runs counted them
+    (`count_host_reads=true`); {} otherwise."""
+    if not stats.host_reads and not stats.target_host_reads:
+        return {}
+    return {"host_reads_per_step": stats.host_reads_per_step,
+            "target_host_reads_per_step": stats.target_host_reads / max(1, stats.steps)}
+
+
+def host_reads_table(summaries: list[Summary]) -> str:
+    """The overall host reads per step of the methods that counted them ("" when none did)."""
+    counted = [s for s in summaries if s.category == "overall" and "host_reads_per_step" in s.extra]
+    if not counted:
+        return ""
+    rows = ["| method | host reads per step (ours) | in the target's forward | accepted length |", "|---|---|---|---|"]
+    rows += [f"| {s.method} | {s.extra['host_reads_per_step']:.1f} | {s.extra['target_host_reads_per_step']:.1f} | "
+             f"{s.mean_accepted_length:.2f} |" for s in counted]
+    return "\n## Host reads (methods run with count_host_reads=true; their timings include the counting)\n\n" + \
+        "\n".join(rows) + "\n"
+
+
 def lookup_note(summary: Summary) -> str:
     """" (12% lookup)": the share of emitted tokens that were lookup-branch drafts, when there were any."""
     share = summary.extra.get("lookup_share", 0.0)
@@ -460,7 +483,8 @@ def write_results(records: list[Record], out_dir: str | Path, meta: dict) -> lis
         if (method_settings(method) or {}).get("head_mode") == "dynamic"
         and (table := headline_table(summaries, method))
     ]
-    (out / "results.md").write_text(f"{header}\n\n{''.join(headlines)}\n## All methods\n\n{markdown_table(summaries)}\n")
+    (out / "results.md").write_text(f"{header}\n\n{''.join(headlines)}\n## All methods\n\n{markdown_table(summaries)}\n"
+                                    f"{host_reads_table(summaries)}")
     return summaries
 
 

@@ -43,6 +43,7 @@ SPEC_FIELDS = (
     "draft_gate",
     "synchronize_timers",
     "shortlist_layout",
+    "count_host_reads",
     "device_trees",
 )
 # The fields that size the draft tree: what `device_trees` may set per device type.
@@ -51,7 +52,7 @@ TREE_FIELDS = ("tree_policy", "num_draft_nodes", "draft_depth", "draft_top_k", "
 DEFAULT_SETTINGS = dict(
     tree_policy="eagle2", num_draft_nodes=12, draft_depth=5, draft_top_k=4, head_mode="dynamic", min_draft_prob=0.0,
     lookup_num_tokens=8, lookup_max_ngram=3, lookup_min_ngram=1, verify_costs="off", static_size=None,
-    draft_gate=False, synchronize_timers=False, shortlist_layout="auto",
+    draft_gate=False, synchronize_timers=False, shortlist_layout="auto", count_host_reads=False,
 )
 SHORTLIST_LAYOUTS = ("auto", *LAYOUTS)
 # Per device type, over DEFAULT_SETTINGS: the tree with the best modelled speed from measured GPU costs and
@@ -99,6 +100,9 @@ class DynaSpecGenerationConfig(GenerationConfig):
             union of the positions' clusters in one GEMM, planned on the host: one host read per head call),
             "lanes" (each position's own clusters in fixed-size lanes: no host read, for CUDA graphs and
             compiled steps) or "auto" ("lanes" on CUDA, "union" elsewhere). Same drafts either way.
+        count_host_reads (`bool`): count the reads of device values on the host in each decoding step (each is a
+            GPU synchronisation), ours and the target forward's apart, into `speculative_stats` (slows decoding:
+            every tensor operation is intercepted; for profiling).
         device_trees (`dict[str, dict]`): tree fields per device type, e.g.
             `{"cpu": {"num_draft_nodes": 12}, "cuda": {"num_draft_nodes": 60, "draft_depth": 6}}`: where the
             target runs on that device type, they override this config's flat fields (keys: `TREE_FIELDS`).
@@ -122,6 +126,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         draft_gate: bool | None = None,
         synchronize_timers: bool | None = None,
         shortlist_layout: str | None = None,
+        count_host_reads: bool | None = None,
         device_trees: dict[str, dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -141,6 +146,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         self.draft_gate = draft_gate
         self.synchronize_timers = synchronize_timers
         self.shortlist_layout = shortlist_layout
+        self.count_host_reads = count_host_reads
         self.device_trees = device_trees
         super().__init__(**kwargs)
 
@@ -183,6 +189,7 @@ class DraftSettings:
     draft_gate: bool
     synchronize_timers: bool
     shortlist_layout: str  # "union" or "lanes" ("auto" is resolved per device)
+    count_host_reads: bool
 
 
 def check_speculative_fields(fields: dict[str, Any]) -> None:
@@ -206,7 +213,7 @@ def check_speculative_fields(fields: dict[str, Any]) -> None:
             check_verify_costs(value)
         if name == "device_trees":
             check_device_trees(value)
-        if name in ("synchronize_timers", "draft_gate") and not isinstance(value, bool):
+        if name in ("synchronize_timers", "draft_gate", "count_host_reads") and not isinstance(value, bool):
             raise ValueError(f"DynaSpecGenerationConfig.{name} must be True or False, got {value!r}.")
         if name == "min_draft_prob" and (isinstance(value, bool) or not isinstance(value, (int, float))
                                          or not 0.0 <= value < 1.0):

@@ -97,6 +97,26 @@ def test_method_variants_parse():
     assert methods == ["plain", "dynaspec[num_draft_nodes=8,tree_policy=dyspec]", "full"]
     assert method_settings(methods[1]) == {"head_mode": "dynamic", "num_draft_nodes": 8, "tree_policy": "dyspec"}
     assert method_settings("dynaspec[verify_costs=auto]")["verify_costs"] == "auto"
+    assert method_settings("dynaspec[count_host_reads=true]")["count_host_reads"] is True
+
+
+def test_bench_reports_host_reads_of_the_methods_that_count_them(tmp_path):
+    import json
+
+    drafter = tmp_path / "drafter"
+    assert main(["init", "--target", "tiny", "--num-clusters", "8", "--out", str(drafter)]) == 0
+    out = tmp_path / "bench"
+    methods = "plain,dynaspec,dynaspec[count_host_reads=true],dynaspec[count_host_reads=true,shortlist_layout=lanes]"
+    assert main(["bench", "--target", "tiny", "--drafter", str(drafter), "--limit", "1", "--max-new-tokens", "8",
+                 "--methods", methods, "--out", str(out)]) == 0
+    overall = {s["method"]: s for s in json.loads((out / "results.json").read_text())["summaries"]
+               if s["category"] == "overall"}
+    assert "host_reads_per_step" not in overall["dynaspec"]["extra"]
+    union = overall["dynaspec[count_host_reads=true]"]["extra"]["host_reads_per_step"]
+    lanes = overall["dynaspec[count_host_reads=true,shortlist_layout=lanes]"]["extra"]["host_reads_per_step"]
+    assert 0 < lanes < union
+    text = (out / "results.md").read_text()
+    assert "## Host reads" in text and "| dynaspec[count_host_reads=true] |" in text
 
 
 def test_verify_costs_flag_parses():

@@ -44,3 +44,45 @@ def test_syncs_per_step_do_not_grow_with_the_tree(target, monkeypatch, head_mode
         # per expansion (<= depth, the root's included): the head's cluster union and the proposals; per
         # emitted token: the stopping criteria and the walk's pick; per step: the committed ids, the recall
         assert reads <= 2 * (depth + 1) + 2 * emitted + 2, steps
+
+
+def counted_run(target, drafter, **settings):
+    settings = {"count_host_reads": True, **settings}
+    config = DynaSpecGenerationConfig(max_new_tokens=30, do_sample=False, return_dict_in_generate=True, **settings)
+    return target.generate(prompt(8), generation_config=config, assistant_model=drafter)
+
+
+def test_stats_count_host_reads_per_step_ours_and_the_targets_apart(target, monkeypatch):
+    drafter = tiny_drafter(target)
+    per_step: list[int] = []
+    original = decoding.speculative_step
+
+    def counted(*args):
+        with HostSyncCounter() as counter:
+            original(*args)
+        per_step.append(counter.total)
+
+    monkeypatch.setattr(decoding, "speculative_step", counted)
+    calls = {"n": 0}
+    forward = type(target).forward
+
+    def reading_forward(self, *args, **kwargs):  # a target whose forward reads one value itself
+        calls["n"] += 1
+        int(torch.tensor(1))
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(target), "forward", reading_forward)
+    out = counted_run(target, drafter)
+    stats = out.speculative_stats
+    assert stats.target_host_reads == stats.steps  # one per verification forward, prefill not counted
+    assert stats.host_reads + stats.target_host_reads == sum(per_step)
+    assert stats.summary()["host_reads_per_step"] == stats.host_reads / stats.steps
+
+
+def test_lanes_read_fewer_values_than_the_union(target):
+    drafter = tiny_drafter(target)
+    union = counted_run(target, drafter, shortlist_layout="union").speculative_stats
+    lanes = counted_run(target, drafter, shortlist_layout="lanes").speculative_stats
+    assert lanes.steps == union.steps  # the same drafts, the same steps
+    assert lanes.host_reads_per_step < union.host_reads_per_step
+    assert counted_run(target, drafter, count_host_reads=False).speculative_stats.host_reads == 0

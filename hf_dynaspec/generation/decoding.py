@@ -16,6 +16,8 @@ where plain decoding would, even inside an accepted path.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +32,7 @@ from .calibration import measure_walk_head, verify_costs_for
 from .candidates import DynaSpecCandidateGenerator
 from .gate import DraftGate
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
+from .syncs import HostSyncCounter
 from .verify import (
     keep_accepted,
     verify_forward,
@@ -119,11 +122,38 @@ def speculative_decode(
             generator = DynaSpecCandidateGenerator(drafter, settings, run.stats, costs)
             generator.extend(features, next_tokens)
             gate = DraftGate() if settings.draft_gate else None
-            while not run.finished:
-                speculative_step(target, generator, run, gate)
+            with counting_host_reads(target, run.stats, settings.count_host_reads):
+                while not run.finished:
+                    speculative_step(target, generator, run, gate)
     if streamer is not None:
         streamer.end()
     return build_output(run)
+
+
+@contextmanager
+def counting_host_reads(target: torch.nn.Module, stats: SpeculativeStats, enabled: bool) -> Iterator[None]:
+    """With `enabled`, count the host reads made inside the block into `stats`: those inside the target's own
+    forward (hooks around it) into `target_host_reads`, the rest into `host_reads`."""
+    if not enabled:
+        yield
+        return
+    inner, outer = HostSyncCounter(), HostSyncCounter()
+
+    def enter(*_: object) -> None:  # a hook returns None: anything else would replace the forward's inputs
+        inner.__enter__()
+
+    def leave(*_: object) -> None:
+        inner.__exit__(None, None, None)
+
+    handles = [target.register_forward_pre_hook(enter), target.register_forward_hook(leave)]
+    try:
+        with outer:  # the inner counter's reads pass through the outer one too
+            yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        stats.host_reads += outer.total - inner.total
+        stats.target_host_reads += inner.total
 
 
 def prefill(target: torch.nn.Module, run: _Run, feature_layers: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

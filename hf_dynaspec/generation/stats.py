@@ -33,7 +33,10 @@ class SpeculativeStats:
     shortlist sizes summed over drafted positions / those positions; recall_hits / recall_checks: steps whose
     first token (the target's own choice after the root) lay in the root's shortlist / steps checked;
     lookup_tokens: accepted drafts that came from the lookup branch; gated_steps: steps decoded plainly because
-    drafting did not pay (`draft_gate`); seconds: wall time per section."""
+    drafting did not pay (`draft_gate`); host_reads / target_host_reads: reads of device values on the host
+    (each a GPU synchronisation) in the decoding steps, outside / inside the target's own forward, counted
+    with `count_host_reads=True` (`syncs.HostSyncCounter`; 0 when not counted); seconds: wall time per
+    section."""
 
     steps: int = 0
     accepted_tokens: int = 0
@@ -44,6 +47,8 @@ class SpeculativeStats:
     recall_checks: int = 0
     lookup_tokens: int = 0
     gated_steps: int = 0
+    host_reads: int = 0
+    target_host_reads: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     synchronize: bool = False  # CUDA: synchronise around timed sections (not a statistic; not merged or saved)
     # shortlist sizes summed on their device, not yet read (`settle`): drafting never waits for them
@@ -145,6 +150,11 @@ class SpeculativeStats:
         """Share of the emitted tokens (after the prefill's) that the lookup branch drafted."""
         return self.lookup_tokens / max(1, self.accepted_tokens)
 
+    @property
+    def host_reads_per_step(self) -> float:
+        """Host reads per decoding step outside the target's forward (when counted)."""
+        return self.host_reads / max(1, self.steps)
+
     def summary(self) -> dict[str, float]:
         return {
             "steps": self.steps,
@@ -154,6 +164,8 @@ class SpeculativeStats:
             "lookup_tokens": self.lookup_tokens,
             "gated_steps": self.gated_steps,
             "mean_tree_size": self.mean_tree_size,
+            "host_reads_per_step": self.host_reads_per_step,
+            "target_host_reads_per_step": self.target_host_reads / max(1, self.steps),
             **{f"{name}_time_s": self.time(name) for name in SECTIONS},
         }
 
