@@ -44,6 +44,7 @@ SPEC_FIELDS = (
     "synchronize_timers",
     "shortlist_layout",
     "count_host_reads",
+    "tree_growth",
     "device_trees",
 )
 # The fields that size the draft tree: what `device_trees` may set per device type.
@@ -53,8 +54,10 @@ DEFAULT_SETTINGS = dict(
     tree_policy="eagle2", num_draft_nodes=12, draft_depth=5, draft_top_k=4, head_mode="dynamic", min_draft_prob=0.0,
     lookup_num_tokens=8, lookup_max_ngram=3, lookup_min_ngram=1, verify_costs="off", static_size=None,
     draft_gate=False, synchronize_timers=False, shortlist_layout="auto", count_host_reads=False,
+    tree_growth="auto",
 )
 SHORTLIST_LAYOUTS = ("auto", *LAYOUTS)
+TREE_GROWTHS = ("auto", "host", "device")
 # Per device type, over DEFAULT_SETTINGS: the tree with the best modelled speed from measured GPU costs and
 # measured acceptance (`python benchmarks/device_tree.py`, results in benchmarks/results/cuda-default-tree).
 DEFAULT_DEVICE_TREES: dict[str, dict[str, Any]] = {
@@ -100,6 +103,10 @@ class DynaSpecGenerationConfig(GenerationConfig):
             union of the positions' clusters in one GEMM, planned on the host: one host read per head call),
             "lanes" (each position's own clusters in fixed-size lanes: no host read, for CUDA graphs and
             compiled steps) or "auto" ("lanes" on CUDA, "union" elsewhere). Same drafts either way.
+        tree_growth (`str`): where the "eagle2" and "chain" trees grow: "host" (each expansion's proposals read
+            on the host to pick the next: one host read per draft depth), "device" (fixed-shape tensor ops, the
+            tree read once; `generation.fixed_tree`) or "auto" ("device" on CUDA, "host" elsewhere). Same trees.
+            "dyspec" trees always grow on the host.
         count_host_reads (`bool`): count the reads of device values on the host in each decoding step (each is a
             GPU synchronisation), ours and the target forward's apart, into `speculative_stats` (slows decoding:
             every tensor operation is intercepted; for profiling).
@@ -127,6 +134,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         synchronize_timers: bool | None = None,
         shortlist_layout: str | None = None,
         count_host_reads: bool | None = None,
+        tree_growth: str | None = None,
         device_trees: dict[str, dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -147,6 +155,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         self.synchronize_timers = synchronize_timers
         self.shortlist_layout = shortlist_layout
         self.count_host_reads = count_host_reads
+        self.tree_growth = tree_growth
         self.device_trees = device_trees
         super().__init__(**kwargs)
 
@@ -190,11 +199,13 @@ class DraftSettings:
     synchronize_timers: bool
     shortlist_layout: str  # "union" or "lanes" ("auto" is resolved per device)
     count_host_reads: bool
+    tree_growth: str  # "host" or "device" ("auto" is resolved per device)
 
 
 def check_speculative_fields(fields: dict[str, Any]) -> None:
     """Raise `ValueError` naming the field and the valid range for impossible values."""
-    choices = {"tree_policy": TREE_POLICIES, "head_mode": HEAD_MODES, "shortlist_layout": SHORTLIST_LAYOUTS}
+    choices = {"tree_policy": TREE_POLICIES, "head_mode": HEAD_MODES, "shortlist_layout": SHORTLIST_LAYOUTS,
+               "tree_growth": TREE_GROWTHS}
     ranges = {
         "num_draft_nodes": (1, 1024),
         "draft_depth": (1, 64),
@@ -328,6 +339,8 @@ def resolve_draft_settings(
         merged["verify_costs"] = tuple(float(c) for c in merged["verify_costs"])
     if merged["shortlist_layout"] == "auto":
         merged["shortlist_layout"] = "lanes" if device_type == "cuda" else "union"
+    if merged["tree_growth"] == "auto":
+        merged["tree_growth"] = "device" if device_type == "cuda" else "host"
     if merged["tree_policy"] == "chain":
         merged["draft_top_k"] = 1
         merged["num_draft_nodes"] = min(merged["num_draft_nodes"], merged["draft_depth"])

@@ -26,6 +26,7 @@ The router's shortlists come in two layouts (`LAYOUTS`), with the same finite co
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -126,11 +127,13 @@ class ShortlistHead:
         # CPU path reads rows in place from a cluster-contiguous copy; CUDA gathers from the original.
         self.weight_by_cluster = weight.index_select(0, self.permutation) if not weight.is_cuda else None
         self.cluster_of_position = self.cluster_of_token[self.permutation]  # (V,) cluster of each sorted row
-        self.extra_ids = torch.tensor(sorted(set(always_include_ids)), dtype=torch.long, device=self.device)
+        self.extra_id_list = sorted({int(i) for i in always_include_ids})  # host copy: context columns read it
+        self.extra_ids = torch.tensor(self.extra_id_list, dtype=torch.long, device=self.device)
         self.extra_weight = weight.index_select(0, self.extra_ids)  # (E, d)
         self.static_ids = None
         self.static_ranked = static_ranked
         self._static_prefixes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._static_host: dict[int, set[int]] = {}
         if static_token_ids is not None and static_token_ids.numel() > 0:
             self.static_ranking = static_token_ids.to(self.device)  # (S0,) as stored (ranked or by id)
             self.static_ids, self.static_weight = self._static_columns(self.static_ranking.numel())
@@ -156,16 +159,22 @@ class ShortlistHead:
             self._static_prefixes[size] = ids, self.weight.index_select(0, ids)
         return self._static_prefixes[size]
 
-    def context_columns(self, in_context: torch.Tensor, mode: str, static_size: int | None = None) -> ContextColumns:
-        """The step's extra columns from in_context (V,) bool (the tokens read so far): with the always-included
-        ids, and in "context" mode the static set (its `static_size` most frequent tokens) as the frequent core
-        (NanoSpec). One host read (nonzero)."""
-        mask = in_context.to(self.device).clone()  # (V,)
-        mask[self.extra_ids] = True
+    def context_columns(self, context_tokens: Iterable[int], mode: str, static_size: int | None = None) -> ContextColumns:
+        """The step's extra columns from the tokens read so far (host ids, so nothing is read from the device):
+        with the always-included ids, and in "context" mode the static set (its `static_size` most frequent
+        tokens) as the frequent core (NanoSpec)."""
+        ids = set(context_tokens) | set(self.extra_id_list)
         if mode == "context" and self.static_ids is not None:
-            mask[self._static_prefix(static_size)[0]] = True
-        ids = mask.nonzero().flatten()  # (C,)
-        return ContextColumns(ids, self.weight.index_select(0, ids))
+            ids |= self._static_host_ids(static_size)
+        token_ids = torch.tensor(sorted(ids), dtype=torch.long, device=self.device)  # (C,) ascending
+        return ContextColumns(token_ids, self.weight.index_select(0, token_ids))
+
+    def _static_host_ids(self, static_size: int | None) -> set[int]:
+        """The static prefix's ids on the host (read once per size, then kept)."""
+        size = self.static_ranking.numel() if static_size is None else static_size
+        if size not in self._static_host:
+            self._static_host[size] = set(self._static_prefix(static_size)[0].tolist())
+        return self._static_host[size]
 
     def _union_ids_on_device(self, selected: torch.Tensor) -> torch.Tensor:
         """(S,) the ids of the clusters any of the T positions selected, in the order the CPU path lays them out

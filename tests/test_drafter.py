@@ -281,9 +281,7 @@ def head_of(drafter, out, mode, k, context_ids):
     head = drafter.bound_head
     context = None
     if context_ids is not None:
-        in_context = torch.zeros(drafter.config.vocab_size, dtype=torch.bool)
-        in_context[context_ids] = True
-        context = head.context_columns(in_context, mode)
+        context = head.context_columns(torch.as_tensor(context_ids).flatten().tolist(), mode)
     return head.logits(out.hidden_states[0], mode, out.router_logits[0], k, context)
 
 
@@ -293,10 +291,8 @@ def test_context_head_core_is_sized_by_static_size(eos_target):
     drafter = tiny_drafter(eos_target)
     drafter.set_static_shortlist(torch.tensor([30, 5, 17, 9]), ranked=True)
     drafter.bind(eos_target)
-    in_context = torch.zeros(drafter.config.vocab_size, dtype=torch.bool)
-    in_context[torch.tensor([44])] = True
     eos = sorted(drafter.bound_head.extra_ids.tolist())
-    assert drafter.bound_head.context_columns(in_context, "context", 2).token_ids.tolist() == sorted({5, 30, 44, *eos})
+    assert drafter.bound_head.context_columns([44], "context", 2).token_ids.tolist() == sorted({5, 30, 44, *eos})
     ids = prompt(8)
     out = eos_target.generate(ids, assistant_model=drafter, head_mode="context", static_size=2, max_new_tokens=16,
                               do_sample=False)

@@ -26,9 +26,7 @@ def features_and_router(drafter, rows: int = 5, seed: int = 0):
 
 
 def context_of(head, ids: list[int]):
-    in_context = torch.zeros(head.weight.shape[0], dtype=torch.bool)
-    in_context[ids] = True
-    return head.context_columns(in_context, "union")
+    return head.context_columns(ids, "union")
 
 
 @pytest.mark.parametrize("mode", ["dynamic", "union"])

@@ -86,3 +86,27 @@ def test_lanes_read_fewer_values_than_the_union(target):
     assert lanes.steps == union.steps  # the same drafts, the same steps
     assert lanes.host_reads_per_step < union.host_reads_per_step
     assert counted_run(target, drafter, count_host_reads=False).speculative_stats.host_reads == 0
+
+
+@pytest.mark.parametrize("head_mode", ["dynamic", "union", "context", "full"])
+def test_device_drafting_reads_at_most_three_values_per_step(target, monkeypatch, head_mode):
+    """As a GPU decodes (every node's logits at once, no CPU walk head): the tree read once, the walk's path once,
+    the stopping criteria once; nothing inside a draft call but the tree's one read."""
+    monkeypatch.setattr(decoding, "measure_walk_head", lambda target: None)
+    drafter = tiny_drafter(target)
+    draft_reads: list[int] = []
+    original = decoding.DynaSpecCandidateGenerator._draft_fixed
+
+    def counted(self, *args):
+        with HostSyncCounter() as counter:
+            tree = original(self, *args)
+        draft_reads.append(counter.total)
+        return tree
+
+    monkeypatch.setattr(decoding.DynaSpecCandidateGenerator, "_draft_fixed", counted)
+    out = counted_run(target, drafter, tree_growth="device", shortlist_layout="lanes", head_mode=head_mode,
+                      lookup_num_tokens=3, num_draft_nodes=16, draft_depth=4)
+    stats = out.speculative_stats
+    assert torch.equal(out.sequences, greedy(target, prompt(8), max_new_tokens=30))
+    assert draft_reads and set(draft_reads) <= {0, 1} and 1 in draft_reads  # the tree, read once when grown
+    assert stats.host_reads <= 3 * stats.steps, (stats.host_reads, stats.steps)

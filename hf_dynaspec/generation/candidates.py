@@ -35,9 +35,11 @@ from ..generation_config import DraftSettings, resolve_draft_settings
 from ..head import CONTEXT_MODES, ContextColumns, HeadOutput
 from ..masks import additive_mask, causal_mask
 from .cost import AcceptanceTracker, VerifyCosts, trim_to_cost
+from .fixed_tree import Expand as FixedExpand
+from .fixed_tree import FixedPool, grow_eagle2_fixed, read_tree
 from .lookup import find_continuation
 from .stats import SpeculativeStats
-from .tree import DraftTree, Expand, Proposals, VerifyTree, compact, depth_limits, grow_tree
+from .tree import DraftTree, Expand, Proposals, VerifyTree, compact, depth_limits, graft_chain, grow_tree
 from .verify import WalkResult, crop_cache
 
 if TYPE_CHECKING:
@@ -53,8 +55,9 @@ class RootProposal:
     head: HeadOutput
     children: Proposals
 
-    def in_shortlist(self, token: int) -> bool:
-        return bool(((self.head.token_ids == token) & torch.isfinite(self.head.logits[0])).any())
+    def in_shortlist(self, token: int) -> torch.Tensor:
+        """0-dim bool on the device (not read: `SpeculativeStats.add_recall` sums it where it is)."""
+        return ((self.head.token_ids == token) & torch.isfinite(self.head.logits[0])).any()
 
 
 class DynaSpecCandidateGenerator(CandidateGenerator):
@@ -85,10 +88,10 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         self.cache = DynamicCache()
         self.committed = 0
         # "context" / "union" heads: the tokens read so far (every committed token after the first)
-        self.in_context = torch.zeros(drafter.config.vocab_size, dtype=torch.bool, device=self.device)  # (V,)
+        self.context_tokens: set[int] = set()
         self.context: ContextColumns | None = None  # the head's columns for them, refreshed by each `extend`
         self.root: RootProposal | None = None
-        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # accepted (features, tokens) not read yet
+        self.pending: list[tuple[torch.Tensor, list[int]]] = []  # accepted (features, tokens) not read yet
         self._chain_length: int | None = None  # drafts of the last `get_candidates` (None: nothing drafted)
 
     @classmethod
@@ -114,14 +117,17 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
 
     # ------------------------------------------------------------------ committed sequence
     @torch.no_grad()
-    def extend(self, target_features: torch.Tensor, next_tokens: torch.Tensor) -> None:
+    def extend(
+        self, target_features: torch.Tensor, next_tokens: torch.Tensor, token_list: list[int] | None = None
+    ) -> None:
         """Feed newly committed pairs (h_i, x_{i+1}): target_features (T, k * d) (`drafter.target_features`),
-        next_tokens (T,)."""
+        next_tokens (T,); `token_list`: the same tokens on the host, where the caller has them (the "context" and
+        "union" heads read them; else they are read from next_tokens)."""
         with self.stats.timer("extend", self.device):
             crop_cache(self.cache, self.committed)
             if self.settings.head_mode in CONTEXT_MODES:
-                self.in_context[next_tokens.to(self.device)] = True
-                self.context = self.drafter.bound_head.context_columns(self.in_context, self.settings.head_mode,
+                self.context_tokens.update(next_tokens.tolist() if token_list is None else token_list)
+                self.context = self.drafter.bound_head.context_columns(self.context_tokens, self.settings.head_mode,
                                                                        self.settings.static_size)
             length = next_tokens.numel()
             positions = torch.arange(self.committed, self.committed + length, device=target_features.device)
@@ -141,15 +147,24 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
 
     # ------------------------------------------------------------------ tree interface
     @torch.no_grad()
-    def draft(self, input_ids: torch.LongTensor, max_depth: int | None = None) -> VerifyTree:
+    def draft(
+        self, input_ids: torch.LongTensor, max_depth: int | None = None, committed: list[int] | None = None
+    ) -> VerifyTree:
         """A draft tree rooted at input_ids[0, -1] (the committed sequence (1, L + 1), root last), no path
-        holding more than `max_depth` drafts (None: the settings' depths)."""
+        holding more than `max_depth` drafts (None: the settings' depths). `committed`: the same sequence on
+        the host, when the caller keeps it (else it is read from input_ids)."""
         self.catch_up()
         with self.stats.timer("draft", self.device):
-            committed = input_ids[0].tolist()  # (L + 1,) on the host: one read for the root and the lookup
-            pool = DraftTree(root_token=committed[-1])
-            root_children, expand = self.proposers(input_ids, pool)
-            tree = grow_tree(pool, root_children, expand, self.settings, max_depth, self._lookup(committed))
+            if committed is None:
+                committed = input_ids[0].tolist()  # (L + 1,) on the host: the root and the lookup read it
+            elif len(committed) != input_ids.shape[1]:
+                raise ValueError(f"committed holds {len(committed)} tokens, input_ids {input_ids.shape[1]}.")
+            if self.settings.tree_growth == "device" and self.settings.tree_policy != "dyspec":
+                tree = self._draft_fixed(input_ids[0, -1], committed, max_depth)
+            else:
+                pool = DraftTree(root_token=committed[-1])
+                root_children, expand = self.proposers(input_ids, pool)
+                tree = grow_tree(pool, root_children, expand, self.settings, max_depth, self._lookup(committed))
             if self.costs is not None:
                 tree = trim_to_cost(tree, self.costs, self.acceptance)
             crop_cache(self.cache, self.committed)
@@ -170,20 +185,20 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         if self.costs is not None and drafted:
             self.acceptance.update(tree, walk.path)
         if target_features is not None:
-            new_tokens = torch.tensor(walk.new_tokens, device=target_features.device)
-            self.pending.append((target_features[walk.path], new_tokens))
+            self.pending.append((target_features[walk.path], list(walk.new_tokens)))
 
     @property
     def read_length(self) -> int:
         """Committed positions the drafter has read or holds to read (`pending`): the target cache's length."""
-        return self.committed + sum(tokens.numel() for _, tokens in self.pending)
+        return self.committed + sum(len(tokens) for _, tokens in self.pending)
 
     def catch_up(self) -> None:
         """Extend the drafter with every accepted path not read yet (one call)."""
         if self.pending:
-            features, tokens = (torch.cat(parts) for parts in zip(*self.pending))
+            features = torch.cat([part for part, _ in self.pending])
+            tokens = [token for _, part in self.pending for token in part]
             self.pending = []
-            self.extend(features, tokens)
+            self.extend(features, torch.tensor(tokens, device=features.device), tokens)
 
     @staticmethod
     def root_tree(root_token: int) -> VerifyTree:
@@ -217,6 +232,58 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             return self._propose(out.hidden_states[0], out.router_logits[0], depths)[1]
 
         return self.root.children, expand
+
+    def _draft_fixed(self, root: torch.Tensor, committed: list[int], max_depth: int | None) -> VerifyTree:
+        """An EAGLE-2 tree grown in fixed-shape tensor ops (`fixed_tree`), read on the host once, with the
+        lookup branch grafted there."""
+        settings = self.settings
+        depth, lookup_length = depth_limits(settings, max_depth)
+        if depth < 1:
+            return compact(DraftTree(root_token=committed[-1]), [0])
+        pool, selected = grow_eagle2_fixed(root, self.root.children, self.fixed_expander(), settings.draft_top_k,
+                                           depth, settings.num_draft_nodes, settings.min_draft_prob)
+        tree, nodes = read_tree(pool, selected, committed[-1])
+        return compact(tree, graft_chain(tree, nodes, self._lookup(committed)[:lookup_length]))
+
+    def fixed_expander(self) -> FixedExpand:
+        """The drafter's side of `grow_eagle2_fixed`: expand a frontier of pool nodes at one depth, all on the
+        device. Expanded nodes take the next drafter-cache slots; their features, row 1 + slot of a table whose
+        row 0 is the root's, are what their children read."""
+        features = [self.root.feature[None]]  # (1, d), then (F, d) per expansion
+        known = 0  # drafter-cache slots used by this tree (a host count)
+
+        def expand(pool: FixedPool, frontier: torch.Tensor, depth: int) -> Proposals:
+            nonlocal known
+            width, device = frontier.numel(), self.device
+            parents = torch.cat(features)[pool.slots[pool.parents[frontier]] + 1]  # (F, d): the root is row 0
+            positions = torch.full((width,), self.committed - 1 + depth, device=device)  # (F,)
+            out = self.drafter(
+                input_ids=pool.tokens[frontier][None], hidden_states=parents[None], position_ids=positions[None],
+                attention_mask=self._fixed_mask(pool, frontier, depth, known), cache=self.cache, head_mode=None,
+                timer=self.stats.timer,
+            )
+            pool.slots[frontier] = known + torch.arange(width, device=device)
+            features.append(out.next_hidden_states[0])
+            known += width
+            return self._propose(out.hidden_states[0], out.router_logits[0], [depth] * width)[1]
+
+        return expand
+
+    def _fixed_mask(self, pool: FixedPool, frontier: torch.Tensor, depth: int, known: int) -> torch.Tensor:
+        """(1, 1, F, cache + F) for frontier nodes at `depth`: the committed prefix, the slots of their depth - 1
+        drafted ancestors (every ancestor below the root was expanded), themselves. Built on the device."""
+        width, committed = frontier.numel(), self.committed
+        allowed = torch.zeros(width, committed + known + width + 1, dtype=torch.bool, device=self.device)
+        allowed[:, :committed] = True
+        rows = torch.arange(width, device=self.device)
+        allowed[rows, committed + known + rows] = True
+        ancestor = pool.parents[frontier]  # (F,)
+        for _ in range(depth - 1):
+            slot = pool.slots[ancestor]  # (F,) -1 at the root
+            column = torch.where(slot >= 0, committed + slot, allowed.shape[1] - 1)  # the spare last column
+            allowed[rows, column] = True
+            ancestor = pool.parents[ancestor].clamp(min=0)
+        return additive_mask(allowed[:, :-1], self.drafter.dtype)
 
     def _tree_mask(self, pool: DraftTree, slots: dict[int, int], nodes: list[int]) -> torch.Tensor:
         """(1, 1, F, cache + F): committed prefix, the node's drafted ancestors, itself."""

@@ -58,24 +58,30 @@ class _Run:
     raw_logits: list[torch.Tensor] = field(default_factory=list)
     finished: bool = False
     walk_head: WalkHead | None = None  # verification computes LM-head rows along the likeliest walk (prefill)
+    token_list: list[int] = field(default_factory=list)  # input_ids[0] on the host, kept by `emit`
 
     def full_ids(self) -> torch.LongTensor:
         """The sequence as plain generate() sees it, left padding included."""
         return torch.cat([self.padding, self.input_ids], dim=-1) if self.padding.numel() else self.input_ids
 
     def emit(self, tokens: list[int], scores: list[torch.Tensor], raw: list[torch.Tensor]) -> int:
-        """Append tokens one by one until a stopping criterion fires; returns how many were kept."""
-        kept = 0
-        for i, token in enumerate(tokens):
-            self.input_ids = torch.cat([self.input_ids, self.input_ids.new_tensor([[token]])], dim=-1)
-            if self.keep_scores:
-                self.scores.append(scores[i])
-                self.raw_logits.append(raw[i])
-            kept += 1
-            step_scores = scores[i] if scores else None
-            if bool(self.stopping_criteria(self.full_ids(), step_scores).all()):
-                self.finished = True
-                break
+        """Append tokens until a stopping criterion fires; returns how many were kept. The criteria see every
+        prefix, as in plain decoding, and their verdicts are read on the host together (one read)."""
+        length = self.input_ids.shape[1]
+        ids = torch.cat([self.input_ids, self.input_ids.new_tensor([tokens])], dim=-1)  # (1, L + k)
+        padded = torch.cat([self.padding, ids], dim=-1) if self.padding.numel() else ids
+        width = self.padding.shape[1] + length
+        stops = torch.stack([
+            self.stopping_criteria(padded[:, : width + i + 1], scores[i] if scores else None).all()
+            for i in range(len(tokens))
+        ]).tolist()  # (k,) the one read
+        kept = stops.index(True) + 1 if True in stops else len(tokens)
+        self.finished = True in stops
+        self.input_ids = ids[:, : length + kept]
+        self.token_list.extend(int(t) for t in tokens[:kept])
+        if self.keep_scores:
+            self.scores.extend(scores[:kept])
+            self.raw_logits.extend(raw[:kept])
         if self.streamer is not None and kept:
             self.streamer.put(self.input_ids[:, -kept:].cpu())
         return kept
@@ -120,7 +126,7 @@ def speculative_decode(
         if not run.finished:
             costs = verify_costs_for(settings, target, run.walk_head)
             generator = DynaSpecCandidateGenerator(drafter, settings, run.stats, costs)
-            generator.extend(features, next_tokens)
+            generator.extend(features, next_tokens, run.token_list[1:])
             gate = DraftGate() if settings.draft_gate else None
             with counting_host_reads(target, run.stats, settings.count_host_reads):
                 while not run.finished:
@@ -161,6 +167,7 @@ def prefill(target: torch.nn.Module, run: _Run, feature_layers: list[int]) -> tu
     the prompt's features (L, k * d) (hidden states `feature_layers`; position i predicts x_{i+1}) and the
     tokens after them (L,)."""
     prompt = run.input_ids
+    run.token_list = prompt[0].tolist()  # the host copy drafting reads (the lookup branch, the root)
     with run.stats.timer("prefill", target.device):
         last_only = {"logits_to_keep": 1} if target._supports_logits_to_keep() else {}
         keep = hidden_state_request(target.config, feature_layers)  # only the layers read, not all of them
@@ -190,9 +197,9 @@ def speculative_step(
     tokens_left = run.generation_config.max_length - run.full_ids().shape[1]
     drafted = gate is None or gate.draft_next()
     if drafted:
-        tree = generator.draft(run.input_ids, max_depth=tokens_left - 1)  # room for the bonus token
+        tree = generator.draft(run.input_ids, max_depth=tokens_left - 1, committed=run.token_list)  # + bonus token
     else:
-        tree = generator.root_tree(int(run.input_ids[0, -1]))
+        tree = generator.root_tree(run.token_list[-1])
     with run.stats.timer("verify", target.device):
         logits, features = verify_forward(target, run.cache, tree, past_length, run.walk_head,
                                           generator.feature_layers)

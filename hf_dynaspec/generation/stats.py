@@ -23,7 +23,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 # over newly accepted tokens (and the head at the new root); "router" and "head": their parts of both;
 # "verify": the target's forward over the tree and the walk; "prefill": the target over the prompt.
 SECTIONS = ("prefill", "draft", "router", "head", "extend", "verify")
-NOT_SUMMED = ("seconds", "synchronize", "_pending_shortlist")
+NOT_SUMMED = ("seconds", "synchronize", "_pending_shortlist", "_pending_recall")
 
 
 @dataclass
@@ -51,8 +51,9 @@ class SpeculativeStats:
     target_host_reads: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     synchronize: bool = False  # CUDA: synchronise around timed sections (not a statistic; not merged or saved)
-    # shortlist sizes summed on their device, not yet read (`settle`): drafting never waits for them
+    # shortlist sizes and recall hits summed on their device, not yet read (`settle`): decoding never waits for them
     _pending_shortlist: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    _pending_recall: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     # ----------------------------------------------------------------- recording
     @contextmanager
@@ -88,11 +89,19 @@ class SpeculativeStats:
         if self._pending_shortlist is not None:
             self.shortlist_total += int(self._pending_shortlist)
             self._pending_shortlist = None
+        if self._pending_recall is not None:
+            self.recall_hits += int(self._pending_recall)
+            self._pending_recall = None
         return self
 
-    def add_recall(self, hit: bool) -> None:
-        self.recall_hits += int(hit)
+    def add_recall(self, hit: bool | torch.Tensor) -> None:
+        """One recall check: a host bool, or a 0-dim device bool summed where it is (read by `settle`)."""
         self.recall_checks += 1
+        if isinstance(hit, torch.Tensor):
+            hit = hit.to(torch.int64)
+            self._pending_recall = hit if self._pending_recall is None else self._pending_recall + hit
+        else:
+            self.recall_hits += int(hit)
 
     # ----------------------------------------------------------------- merging and records
     def merge(self, other: SpeculativeStats) -> SpeculativeStats:
@@ -116,6 +125,7 @@ class SpeculativeStats:
         out = asdict(self.settle())
         out.pop("synchronize")
         out.pop("_pending_shortlist")
+        out.pop("_pending_recall")
         return out
 
     @classmethod
@@ -139,7 +149,7 @@ class SpeculativeStats:
 
     @property
     def shortlist_recall(self) -> float:
-        return self.recall_hits / max(1, self.recall_checks)
+        return self.settle().recall_hits / max(1, self.recall_checks)
 
     @property
     def mean_tree_size(self) -> float:

@@ -1,0 +1,87 @@
+"""EAGLE-2 growth in fixed-shape tensor ops (generation/fixed_tree.py): the same trees as the host grower, no host
+read until the tree is read once, and greedy speculative output equal to greedy.
+
+    python -m pytest tests/test_fixed_tree.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import greedy, prompt, speculative, tiny_drafter, tiny_target
+
+from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
+from hf_dynaspec.generation.fixed_tree import FixedPool, capacity, grow_eagle2_fixed, select_nodes
+from hf_dynaspec.generation.syncs import HostSyncCounter
+from hf_dynaspec.generation_config import resolve_draft_settings
+
+
+def generator_after_prompt(target, drafter, **settings):
+    """A candidate generator that has read a prompt (as after the prefill)."""
+    config = drafter.generation_config.__class__(**settings)
+    resolved = resolve_draft_settings(config, drafter.generation_config, drafter.config, "cpu")
+    generator = DynaSpecCandidateGenerator(drafter.bind(target), resolved)
+    ids = prompt(10)
+    with torch.no_grad():
+        out = target(ids, output_hidden_states=True)
+    generator.extend(drafter.target_features(out.hidden_states)[0], torch.cat([ids[0, 1:], ids[0, -1:]]))
+    return generator, torch.cat([ids, ids[:, -1:]], dim=-1)
+
+
+def tree_columns(tree):
+    return tree.token_list, tree.parent_list, tree.depth_list, [round(q, 9) for q in tree.log_q_list]
+
+
+@pytest.mark.parametrize("settings", [
+    dict(num_draft_nodes=12, draft_depth=4, draft_top_k=3),
+    dict(num_draft_nodes=40, draft_depth=5, draft_top_k=4, min_draft_prob=0.02),
+    dict(num_draft_nodes=5, draft_depth=6, draft_top_k=2),
+    dict(tree_policy="chain", num_draft_nodes=4, draft_depth=4),
+    dict(num_draft_nodes=8, draft_depth=3, draft_top_k=3, head_mode="full"),
+])
+def test_device_growth_grows_the_host_trees(settings):
+    target = tiny_target(eos_token_id=2)
+    drafter = tiny_drafter(target)
+    trees = {}
+    for growth in ("host", "device"):
+        generator, ids = generator_after_prompt(target, drafter, lookup_num_tokens=0, tree_growth=growth, **settings)
+        trees[growth] = generator.draft(ids)
+    assert tree_columns(trees["device"]) == tree_columns(trees["host"])
+    assert torch.equal(trees["device"].ancestor, trees["host"].ancestor)
+
+
+def test_device_growth_reads_the_tree_once():
+    target = tiny_target(eos_token_id=2)
+    drafter = tiny_drafter(target)
+    generator, ids = generator_after_prompt(target, drafter, lookup_num_tokens=0, tree_growth="device",
+                                            shortlist_layout="lanes", num_draft_nodes=20, draft_depth=5, draft_top_k=4)
+    committed = ids[0].tolist()
+    with HostSyncCounter() as counter:
+        generator._draft_fixed(ids[0, -1], committed, None)
+    assert counter.counts["tolist"] == 1 and counter.total == 1, dict(counter.counts)
+
+
+def test_selection_keeps_ancestors_and_the_best_scores():
+    pool = FixedPool.empty(torch.tensor(7), capacity(2, 2))
+    root_children = (torch.tensor([[10, 11]]), torch.log(torch.tensor([[0.6, 0.4]])))
+    layer = pool.add_layer(torch.zeros(1, dtype=torch.long), *root_children, float("-inf"))
+    pool.add_layer(layer, torch.tensor([[20, 21], [22, 23]]), torch.log(torch.tensor([[0.9, 0.1], [1.0, 0.0]])),
+                   float("-inf"))
+    keep = select_nodes(pool, 3, 2)
+    chosen = {int(t) for t in pool.tokens[keep]}
+    assert chosen == {7, 10, 20, 11}  # 10 (0.6), 20 (0.54), 11 (0.4) then 22 (0.4: the tie goes to the shallower)
+    pool, keep = grow_eagle2_fixed(torch.tensor(7), root_children, lambda p, f, d: (
+        torch.tensor([[20, 21], [22, 23]])[: f.numel()], torch.log(torch.tensor([[0.9, 0.1], [1.0, 0.0]]))), 2, 2, 4,
+        min_draft_prob=0.3)
+    assert {int(t) for t in pool.tokens[keep]} == {7, 10, 20, 11, 22}  # 21 (0.06) is under the floor
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "union", "full"])
+@pytest.mark.parametrize("policy", ["eagle2", "chain"])
+def test_greedy_speculative_with_device_growth_equals_greedy(mode, policy):
+    target = tiny_target(eos_token_id=None)
+    drafter = tiny_drafter(target)
+    ids = prompt()
+    out = speculative(target, drafter, ids, max_new_tokens=24, tree_policy=policy, head_mode=mode,
+                      tree_growth="device", shortlist_layout="lanes", num_draft_nodes=10, draft_depth=4)
+    assert torch.equal(out, greedy(target, ids, max_new_tokens=24))
