@@ -13,6 +13,7 @@ from helpers import greedy, prompt, speculative, tiny_drafter, tiny_target
 from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
 from hf_dynaspec.generation.fixed_tree import FixedPool, capacity, grow_eagle2_fixed, select_nodes
 from hf_dynaspec.generation.syncs import HostSyncCounter
+from hf_dynaspec.generation.verify import crop_cache
 from hf_dynaspec.generation_config import resolve_draft_settings
 
 
@@ -85,3 +86,34 @@ def test_greedy_speculative_with_device_growth_equals_greedy(mode, policy):
     out = speculative(target, drafter, ids, max_new_tokens=24, tree_policy=policy, head_mode=mode,
                       tree_growth="device", shortlist_layout="lanes", num_draft_nodes=10, draft_depth=4)
     assert torch.equal(out, greedy(target, ids, max_new_tokens=24))
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "union", "full"])
+def test_one_draft_step_reads_nothing_and_compiles_whole(mode):
+    """The drafter call for one depth (layer, router, head, top-k children) and the tree arithmetic around it:
+    no host read, and `fullgraph=True` (any graph break fails; the eager backend checks it without codegen)."""
+    target = tiny_target(eos_token_id=2)
+    drafter = tiny_drafter(target)
+    generator, ids = generator_after_prompt(target, drafter, lookup_num_tokens=0, tree_growth="device",
+                                            shortlist_layout="lanes", head_mode=mode, num_draft_nodes=20,
+                                            draft_depth=4, draft_top_k=3)
+    pool = FixedPool.empty(ids[0, -1], capacity(3, 4))
+    layer = pool.add_layer(torch.zeros(1, dtype=torch.long), *generator.root.children, float("-inf"))
+    expand = generator.fixed_expander()
+    with HostSyncCounter() as counter:
+        tokens, log_q = expand(pool, layer, 1)
+    assert counter.total == 0, dict(counter.counts)
+    crop_cache(generator.cache, generator.committed)  # as `draft` does after each tree
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(generator.fixed_expander())(pool, layer, 1)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    step = torch.compile(generator.draft_step, fullgraph=True, backend="eager")
+    parents = generator.root.feature[None].expand(layer.numel(), -1)
+    positions = torch.full((layer.numel(),), generator.committed, dtype=torch.long)
+    mask = generator._fixed_mask(pool, layer, 1, 0)
+    crop_cache(generator.cache, generator.committed)
+    eager = generator.draft_step(pool.tokens[layer], parents, positions, mask, 1)
+    crop_cache(generator.cache, generator.committed)
+    compiled = step(pool.tokens[layer], parents, positions, mask, 1)
+    assert torch.equal(compiled[2][0], eager[2][0])
+    torch.testing.assert_close(compiled[2][1], eager[2][1])

@@ -257,17 +257,34 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             width, device = frontier.numel(), self.device
             parents = torch.cat(features)[pool.slots[pool.parents[frontier]] + 1]  # (F, d): the root is row 0
             positions = torch.full((width,), self.committed - 1 + depth, device=device)  # (F,)
-            out = self.drafter(
-                input_ids=pool.tokens[frontier][None], hidden_states=parents[None], position_ids=positions[None],
-                attention_mask=self._fixed_mask(pool, frontier, depth, known), cache=self.cache, head_mode=None,
-                timer=self.stats.timer,
-            )
+            mask = self._fixed_mask(pool, frontier, depth, known)
+            feature, head, proposals = self.draft_step(pool.tokens[frontier], parents, positions, mask, depth)
+            self.stats.add_shortlist(head.shortlist_sizes)
             pool.slots[frontier] = known + torch.arange(width, device=device)
-            features.append(out.next_hidden_states[0])
+            features.append(feature)
             known += width
-            return self._propose(out.hidden_states[0], out.router_logits[0], [depth] * width)[1]
+            return proposals
 
         return expand
+
+    def draft_step(
+        self, tokens: torch.Tensor, parents: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, depth: int
+    ) -> tuple[torch.Tensor, HeadOutput, Proposals]:
+        """One drafter call for F nodes at draft position `depth`: layer, router and shortlisted head, then each
+        node's top-k children. tokens (F,), parents (F, d) the features they read, positions (F,), mask the 4D
+        additive mask over the drafter cache and themselves -> (their features (F, d), the head, (tokens, log q)
+        (F, k) each). No timer and no statistics inside: with the "lanes" layout nothing here is read on the host
+        and it compiles whole (`fullgraph=True`)."""
+        settings, config = self.settings, self.drafter.config
+        out = self.drafter(input_ids=tokens[None], hidden_states=parents[None], position_ids=positions[None],
+                           attention_mask=mask, cache=self.cache, head_mode=None)
+        budget = config.clusters_at_depth(depth, settings.draft_depth, settings.shortlist_k0, settings.shortlist_k1)
+        head = self.drafter.bound_head.logits(out.hidden_states[0], settings.head_mode, out.router_logits[0],
+                                              [budget] * tokens.numel(), self.context, settings.static_size,
+                                              settings.shortlist_layout)
+        logq = torch.log_softmax(head.logits, dim=-1)  # (F, S), -inf outside each shortlist
+        top = logq.topk(min(settings.draft_top_k, logq.shape[-1]), dim=-1)
+        return out.next_hidden_states[0], head, (head.ids_at(top.indices), top.values)
 
     def _fixed_mask(self, pool: FixedPool, frontier: torch.Tensor, depth: int, known: int) -> torch.Tensor:
         """(1, 1, F, cache + F) for frontier nodes at `depth`: the committed prefix, the slots of their depth - 1
