@@ -49,7 +49,17 @@ except Exception as err:  # noqa: BLE001
     decoding = HostSyncCounter = crop_cache = target_masks = None
 
 SECTIONS = ("head", "verify", "drafter", "exactness", "syncs", "trees")
-TIMED_HEAD_MODES = ("full", "static", "dynamic")
+TIMED_HEAD_MODES = ("full", "static", "dynamic", "dynamic-lanes")  # "-lanes": the fixed-shape shortlist layout
+# How drafting runs: through the host (the union shortlist layout, each expansion read to pick the next) or on the
+# device (fixed-shape lanes and tree growth: the tree read once); CUDA's default is "device"
+DRAFTING = {"host": dict(shortlist_layout="union", tree_growth="host"),
+            "device": dict(shortlist_layout="lanes", tree_growth="device")}
+
+
+def head_mode_and_layout(mode: str) -> tuple[str, str]:
+    """("dynamic", "lanes") for "dynamic-lanes"; (mode, "union") otherwise."""
+    head_mode, _, layout = mode.partition("-")
+    return head_mode, layout or "union"
 COLD_CACHE_BYTES = 256 * 2**20
 ROUTER_PLACEMENTS = ("beside", "sequential")
 

@@ -6,6 +6,7 @@ greedy, host synchronisations per step, and the end-to-end step cost of each can
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections import Counter
 from typing import Any
@@ -13,6 +14,7 @@ from unittest import mock
 
 import torch
 from gpu_common import (  # noqa: E402
+    DRAFTING,
     Context,
     DynaSpecDrafter,
     DynaSpecGenerationConfig,
@@ -126,12 +128,12 @@ def count_syncs(target: torch.nn.Module, drafter: DynaSpecDrafter, ids: torch.Te
     return steps
 
 
-def sync_row(name: str, tree: str, steps: list[tuple[int, int, Counter[str]]]) -> dict[str, Any]:
+def sync_row(name: str, tree: str, drafting: str, steps: list[tuple[int, int, Counter[str]]]) -> dict[str, Any]:
     reads = [s[0] for s in steps]
     kinds: Counter[str] = Counter()
     for _, _, counts in steps:
         kinds.update(counts)
-    return dict(target=name, tree=tree, steps=len(steps), mean=statistics.fmean(reads) if reads else 0.0,
+    return dict(target=name, tree=tree, drafting=drafting, steps=len(steps), mean=statistics.fmean(reads) if reads else 0.0,
                 max=max(reads, default=0), tokens_per_step=statistics.fmean(s[1] for s in steps) if steps else 0.0,
                 by_kind={k: v / max(1, len(steps)) for k, v in kinds.most_common()})
 
@@ -140,21 +142,24 @@ def run_syncs(ctx: Context) -> dict[str, Any]:
     require_package()
     plan = ctx.plan
     dtype = ctx.dtype if ctx.device.type == "cuda" else torch.float32
-    bar = progress(len(plan.sync_targets) * len(plan.trees), "syncs")
+    bar = progress(len(plan.sync_targets) * len(plan.trees) * len(DRAFTING), "syncs")
     rows = []
     for name in plan.sync_targets:
         family, fields = plan.exact_targets[name]
         target = random_model(family, fields, dtype, ctx.device, seed=ctx.args.seed)
         drafter = DynaSpecDrafter.from_target(target, num_clusters=plan.num_clusters, seed=ctx.args.seed).eval()
         ids = prompt_ids(1, plan.prompt_length, fields["vocab_size"], ctx.device)
-        for tree, settings in plan.trees.items():
-            config = DynaSpecGenerationConfig(**settings, max_new_tokens=plan.new_tokens, do_sample=False)
-            rows.append(sync_row(name, tree, count_syncs(target, drafter, ids, config)))
+        for (tree, settings), (drafting, where) in itertools.product(plan.trees.items(), DRAFTING.items()):
+            config = DynaSpecGenerationConfig(**settings, **where, max_new_tokens=plan.new_tokens, do_sample=False)
+            rows.append(sync_row(name, tree, drafting, count_syncs(target, drafter, ids, config)))
             bar.update()
         del target, drafter
         release_memory(ctx.device)
     bar.close()
-    return {"rows": rows, "dtype": str(dtype), "notes": ["by_kind: host reads per step by kind"]}
+    return {"rows": rows, "dtype": str(dtype), "notes": [
+        "by_kind: host reads per step by kind",
+        "drafting: host = union shortlists and host tree growth; device = lanes and fixed-shape growth (CUDA's "
+        "default); on a CPU target the walk also reads one value per emitted token (its lazy LM-head walk)"]}
 
 
 # ---------------------------------------------------------------------------------------------- trees

@@ -63,7 +63,7 @@ DRAFTER_COLUMNS = [("shape", "target"), ("d", "d"), ("vocab", "V"), ("positions"
 EXACT_COLUMNS = [("target", "target"), ("dtype", "dtype"), ("tree", "tree"), ("runs", "runs"),
                  ("identical_share_pct", "identical"), ("first_divergences", "first divergence (token)"),
                  ("logit_gaps", "logit gap there")]
-SYNC_COLUMNS = [("target", "target"), ("tree", "tree"), ("steps", "steps"), ("mean", "syncs/step mean"),
+SYNC_COLUMNS = [("target", "target"), ("tree", "tree"), ("drafting", "drafting"), ("steps", "steps"), ("mean", "syncs/step mean"),
                 ("max", "max"), ("tokens_per_step", "tokens/step"), ("by_kind", "per step by kind")]
 
 TREE_COLUMNS = [("tree", "tree"), ("steps", "steps"), ("tokens_per_step", "tokens/step"),

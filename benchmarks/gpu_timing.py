@@ -34,6 +34,7 @@ from gpu_common import (  # noqa: E402
     crop_cache,
     default_dtype,
     dynaspec_modeling,
+    head_mode_and_layout,
     head_only_target,
     progress,
     random_model,
@@ -305,8 +306,9 @@ def component_ms(ctx: Context, drafter: DynaSpecDrafter, ids: torch.Tensor, hidd
     times = {"router_ms": ctx.time_ms(lambda: drafter.router(router_input))}
     features, router_logits = out.hidden_states[0], out.router_logits[0]  # (T, d), (T, M)
     for mode in TIMED_HEAD_MODES:
+        head_mode, layout = head_mode_and_layout(mode)
         times[f"head_{mode}_ms"] = ctx.time_ms(
-            lambda: drafter.bound_head.logits(features, mode, router_logits, k)  # noqa: B023
+            lambda: drafter.bound_head.logits(features, head_mode, router_logits, k, layout=layout)  # noqa: B023
         )
     return times
 
@@ -325,7 +327,9 @@ def drafter_rows(ctx: Context, shape: str, drafter: DynaSpecDrafter, bar: tqdm) 
         hidden = torch.randn(1, t, d, device=ctx.device, dtype=ctx.dtype)  # (1, T, d)
         parts = component_ms(ctx, drafter, ids, hidden, cache)
         for mode in TIMED_HEAD_MODES:
-            sizes = drafter(ids, hidden, cache=cache, head_mode=mode, num_clusters=k).head.shortlist_sizes
+            head_mode, layout = head_mode_and_layout(mode)
+            call = dict(cache=cache, head_mode=head_mode, num_clusters=k, shortlist_layout=layout)
+            sizes = drafter(ids, hidden, **call).head.shortlist_sizes
             crop_cache(cache, context)
             row = dict(shape=shape, d=d, vocab=vocab, positions=t, head_mode=mode, context=context,
                        shortlist_mean=float(sizes.float().mean()), router_ms=parts["router_ms"],
@@ -333,7 +337,7 @@ def drafter_rows(ctx: Context, shape: str, drafter: DynaSpecDrafter, bar: tqdm) 
             for placement in ROUTER_PLACEMENTS:
                 with router_placement(placement):
                     row[f"step_{placement}_ms"] = ctx.time_ms(
-                        lambda: drafter(ids, hidden, cache=cache, head_mode=mode, num_clusters=k),  # noqa: B023
+                        lambda: drafter(ids, hidden, **call),  # noqa: B023
                         reset=lambda: crop_cache(cache, context),
                     )
                 bar.update()

@@ -317,6 +317,7 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         num_clusters: int | None = None,
         return_vocab_logits: bool = False,
         timer: Timer | None = None,
+        shortlist_layout: str = "union",
     ) -> DrafterOutput:
         """One drafting call.
 
@@ -324,8 +325,9 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         position: `project(target_features)` where the target's are known, else the drafter's own
         `next_hidden_states` (deeper in the tree); attention_mask: 4D float (B, 1, T, cache_len + T) with 0 where
         attention is allowed, or None for causal attention; cache: a `DynamicCache` for the drafter layer.
-        `head_mode=None` skips the head (training computes its own). `timer` (e.g. `SpeculativeStats.timer`)
-        times the router where it does not overlap the layer.
+        `head_mode=None` skips the head (training computes its own); `shortlist_layout` lays out a router head's
+        shortlists (`head.LAYOUTS`). `timer` (e.g. `SpeculativeStats.timer`) times the router where it does not
+        overlap the layer.
         """
         binding = self._require_binding()
         batch, length = input_ids.shape
@@ -363,7 +365,7 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
             if batch != 1:
                 raise ValueError("The shortlisted head runs on one sequence (batch 1) of draft positions.")
             k = num_clusters if num_clusters is not None else self.config.shortlist_k0
-            output.head = binding.head.logits(features[0], head_mode, router_logits[0], k)
+            output.head = binding.head.logits(features[0], head_mode, router_logits[0], k, layout=shortlist_layout)
             if return_vocab_logits:
                 output.vocab_logits = output.head.to_vocab(self.config.vocab_size)
         return output

@@ -106,13 +106,13 @@ def test_drafter_rows(suite, run):
     out, _ = run
     data = section(out, "drafter")
     plan = suite.QUICK
-    assert len(data["rows"]) == len(plan.drafter_targets) * len(plan.drafter_rows) * 3
+    assert len(data["rows"]) == len(plan.drafter_targets) * len(plan.drafter_rows) * len(load_benchmark_script("gpu_common").TIMED_HEAD_MODES)
     for row in data["rows"]:
         assert row["step_beside_ms"] > 0 and row["step_sequential_ms"] > 0
         assert row["router_ms"] > 0 and row["head_ms"] > 0
         k0 = plan.num_clusters // 8
         expected = {"full": row["vocab"], "static": round(row["vocab"] * k0 / plan.num_clusters)}
-        expected["dynamic"] = expected["static"]  # k0 of M equal random clusters
+        expected["dynamic"] = expected["dynamic-lanes"] = expected["static"]  # k0 of M equal random clusters
         assert row["shortlist_mean"] == expected[row["head_mode"]], row
 
 
@@ -132,12 +132,17 @@ def test_exactness_is_total_in_fp32_on_cpu(suite, run):
 def test_syncs_are_counted(suite, run):
     out, _ = run
     data = section(out, "syncs")
-    assert {(r["target"], r["tree"]) for r in data["rows"]} == {
-        (t, tree) for t in suite.QUICK.sync_targets for tree in suite.QUICK.trees
+    assert {(r["target"], r["tree"], r["drafting"]) for r in data["rows"]} == {
+        (t, tree, drafting) for t in suite.QUICK.sync_targets for tree in suite.QUICK.trees
+        for drafting in ("host", "device")
     }
     for row in data["rows"]:
         assert row["steps"] > 0 and row["mean"] > 0 and row["max"] >= row["mean"]
         assert row["tokens_per_step"] >= 1 and sum(row["by_kind"].values()) == pytest.approx(row["mean"])
+    by_key = {(r["target"], r["tree"], r["drafting"]): r for r in data["rows"]}
+    for target, tree, drafting in by_key:
+        if drafting == "device":  # the same drafts read from the device fewer times
+            assert by_key[(target, tree, "device")]["mean"] < by_key[(target, tree, "host")]["mean"]
 
 
 def test_trees_time_a_step_of_every_candidate_default_tree(suite, run):
