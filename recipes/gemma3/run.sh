@@ -91,3 +91,7 @@ BENCH=(hf-dynaspec bench --target gemma3 --drafter "$RUN/ckpt" --threads 2 --met
 stage bench-languages "${BENCH[@]}" --prompts data/multilingual_slice.jsonl --prompt-format qa --out "$OUT-languages"
 stage bench-code "${BENCH[@]}" --prompts data/code_heldout.jsonl --prompt-format plain --out "$OUT-code"
 stage bench-spec "${BENCH[@]}" --limit "$LIMIT" --prompt-format qa --out "$OUT-spec-bench"
+
+# 8. the report: every condition of the issue, per-slice tables, README block (conditions.md in $OUT-languages)
+stage report python recipes/gemma3/multilingual_report.py --languages "$OUT-languages" --code "$OUT-code" \
+    --spec "$OUT-spec-bench" --curve benchmarks/results/cpu-gemma3-ml-train/curve.json --readme
