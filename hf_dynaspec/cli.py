@@ -38,6 +38,7 @@ from .training import frequent_tokens, load_prompts, train_drafter
 from .training.corpus import FEATURE_DTYPES, write_answers
 from .training.features import write_features
 from .training.trainer import HELDOUT_EVAL_NAME, LossWeights
+from .vllm_export import export_vllm_dynaspec
 
 DRAFTERS = Path(__file__).resolve().parent.parent / "drafters"
 # the drafters shipped in this repository, by target name, and the prompt format each target is used with
@@ -182,8 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("drafter", help="drafter folder (EAGLE-3 architecture)")
     exp.add_argument("out", help="output folder (config.json + model.safetensors)")
     _add_target(exp)
-    exp.add_argument("--format", choices=FORMATS, default="eagle3",
-                     help="eagle3: vLLM and SGLang; speculators: vLLM's speculators layout")
+    exp.add_argument("--format", choices=(*FORMATS, VLLM_DYNASPEC), default="eagle3",
+                     help="eagle3: vLLM and SGLang; speculators: vLLM's speculators layout; vllm-dynaspec: vLLM with "
+                          "the DynaSpec plugin (the dynamic head; docs/vllm-plugin.md)")
     exp.add_argument("--draft-vocab-size", type=int, default=None,
                      help="tokens of the static draft vocabulary (the servers run no router); default: "
                           f"{DEFAULT_DRAFT_VOCAB:,} with --data, else all of the drafter's static shortlist")
@@ -474,10 +476,20 @@ def cmd_distill(args: argparse.Namespace) -> int:
     return 0
 
 
+VLLM_DYNASPEC = "vllm-dynaspec"
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     target, _ = target_from_args(args)
     drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target).eval()
     counts = shortlist_counts_on_data(drafter, args.data) if args.data else None
+    if args.format == VLLM_DYNASPEC:
+        if args.draft_vocab_size or args.data:
+            raise ValueError("--format vllm-dynaspec scores the router's clusters of the whole vocabulary: drop "
+                             "--draft-vocab-size / --data (they choose a static draft vocabulary).")
+        out = export_vllm_dynaspec(drafter, target, args.out)
+        print(f"wrote {out} ({args.format}): vLLM runs it with the DynaSpec plugin installed (docs/vllm-plugin.md)")
+        return 0
     out = export_eagle3(drafter, target, args.out, draft_vocab_size=args.draft_vocab_size, token_counts=counts,
                         format=args.format)
     print(f"wrote {out} ({args.format}): serve it with vLLM --speculative-config "
