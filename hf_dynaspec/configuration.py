@@ -42,6 +42,18 @@ def eagle3_layer_ids(num_layers: int) -> list[int]:
     return [min(max(i, 1), num_layers) for i in (2, num_layers // 2, num_layers - 3)]
 
 
+def cluster_budget(depth: int, max_depth: int, k0: int, k1: int, schedule: str, num_clusters: int) -> int:
+    """Cluster budget k_c(t) for draft position t = `depth` (0-based) of D = `max_depth` positions:
+
+        linear:       k(t) = k0 + (k1 - k0) * t / (D - 1)
+        exponential:  k(t) = k0 * (k1 / k0) ** (t / (D - 1))
+        rounded to the nearest integer and clamped to [1, num_clusters].
+    """
+    frac = 0.0 if max_depth <= 1 else min(max(depth, 0), max_depth - 1) / (max_depth - 1)
+    k = k0 + (k1 - k0) * frac if schedule == "linear" else k0 * (k1 / k0) ** frac
+    return int(min(max(round(k), 1), num_clusters))
+
+
 def default_shortlist_budget(num_clusters: int) -> tuple[int, int]:
     """(k0, k1) when not given: 1/8 of the clusters at the first draft position, 1/16 at the deepest."""
     return max(1, num_clusters // 8), max(1, num_clusters // 16)
@@ -214,20 +226,10 @@ class DynaSpecConfig(PretrainedConfig):
         return list(self.target_layer_ids) if self.drafter_architecture == "eagle3" else [-1]
 
     def clusters_at_depth(self, depth: int, max_depth: int, k0: int | None = None, k1: int | None = None) -> int:
-        """Cluster budget k_c(t) for draft position `depth` (0-based) of `max_depth` positions.
-
-        linear:       k(t) = k0 + (k1 - k0) * t / (D - 1)
-        exponential:  k(t) = k0 * (k1 / k0) ** (t / (D - 1))
-        rounded to the nearest integer and clamped to [1, num_clusters].
-        """
+        """Cluster budget k_c(t) for draft position `depth` (0-based) of `max_depth` positions (`cluster_budget`)."""
         k0 = self.shortlist_k0 if k0 is None else k0
         k1 = self.shortlist_k1 if k1 is None else k1
-        frac = 0.0 if max_depth <= 1 else min(max(depth, 0), max_depth - 1) / (max_depth - 1)
-        if self.shortlist_schedule == "linear":
-            k = k0 + (k1 - k0) * frac
-        else:
-            k = k0 * (k1 / k0) ** frac
-        return int(min(max(round(k), 1), self.num_clusters))
+        return cluster_budget(depth, max_depth, k0, k1, self.shortlist_schedule, self.num_clusters)
 
     def build_layer_config(self) -> PretrainedConfig:
         """The config of the single drafter layer: a Llama layer sized from the target (`layer_family="llama"`),

@@ -92,6 +92,15 @@ def read_head(folder: str | os.PathLike, lm_head_weight: torch.Tensor) -> tuple[
                          "write one with `hf-dynaspec export DRAFTER OUT --format vllm-dynaspec`.")
     with safe_open(folder / WEIGHTS, "pt") as f:
         tensors = {name: f.get_tensor(name) for name in (*ROUTER, *CLUSTERS)}
+    head, router = head_from_tensors(tensors, settings, lm_head_weight)
+    return head, router, settings
+
+
+def head_from_tensors(
+    tensors: dict[str, torch.Tensor], settings: dict, lm_head_weight: torch.Tensor
+) -> tuple[ShortlistHead, ClusterRouter]:
+    """(the shortlisted head over `lm_head_weight` (V, d), the router) from a folder's router and cluster tensors
+    (`ROUTER`, `CLUSTERS`) and its "dynaspec" settings."""
     clusters = VocabClusters.from_tensors({PERMUTATION_KEY: tensors["cluster_permutation"],
                                            OFFSETS_KEY: tensors["cluster_offsets"]})
     router = ClusterRouter(settings["router_input_size"], settings["router_hidden_size"], settings["num_clusters"])
@@ -99,4 +108,4 @@ def read_head(folder: str | os.PathLike, lm_head_weight: torch.Tensor) -> tuple[
     transform = LogitTransform(scale=settings["logit_scale"], softcap=settings["logit_softcap"])
     head = ShortlistHead(lm_head_weight, clusters.to(lm_head_weight.device), settings["always_include_ids"], None,
                          transform)
-    return head, router.to(lm_head_weight.device, lm_head_weight.dtype), settings
+    return head, router.to(lm_head_weight.device, lm_head_weight.dtype)
