@@ -13,10 +13,15 @@ from __future__ import annotations
 from ..vllm_export import ARCHITECTURE
 
 DRAFT_CLASS = "hf_dynaspec.vllm_plugin.draft:DynaSpecEagle3"  # imported by vLLM when a folder names it
+# vLLM's Gemma 3 captures no intermediate hidden states: replaced by a subclass that does (gemma3.py)
+TARGET_CLASSES = {"Gemma3ForCausalLM": "hf_dynaspec.vllm_plugin.gemma3:Gemma3ForCausalLMEagle3"}
 
 
 def register() -> None:
-    """vLLM's plugin hook: the draft class under the architecture a vllm-dynaspec folder names."""
+    """vLLM's plugin hook: the draft class under the architecture a vllm-dynaspec folder names, and targets made
+    EAGLE-3-capable."""
     from vllm import ModelRegistry
 
     ModelRegistry.register_model(ARCHITECTURE, DRAFT_CLASS)
+    for name, target_class in TARGET_CLASSES.items():
+        ModelRegistry.register_model(name, target_class)

@@ -1,0 +1,42 @@
+"""Gemma 3 as an EAGLE-3 target in vLLM 0.32 (imported by vLLM only). vLLM's own Gemma3ForCausalLM returns no
+intermediate hidden states, so any EAGLE-3 draft on it fails at load ("Model does not support EAGLE3 interface but
+aux_hidden_state_outputs was requested"). This subclass captures them as vLLM's Llama does (`EagleModelMixin`:
+the residual stream entering layer i, `hidden + residual`, i.e. transformers' `output_hidden_states[i]`), and the
+plugin registers it under vLLM's own name; without a draft model nothing is captured and it runs as before.
+Single process only (no pipeline parallelism).
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+
+import torch
+from vllm.distributed import get_pp_group
+from vllm.model_executor.models.gemma3 import Gemma3ForCausalLM, Gemma3Model
+from vllm.model_executor.models.interfaces import EagleModelMixin, SupportsEagle3
+from vllm.model_executor.models.utils import maybe_prefix
+
+
+class Gemma3ModelEagle3(Gemma3Model, EagleModelMixin):
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
+                inputs_embeds: torch.Tensor | None = None, **kwargs):
+        if get_pp_group().world_size > 1:
+            raise NotImplementedError("The DynaSpec plugin's Gemma 3 runs on one pipeline stage.")
+        hidden = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
+        residual = None
+        aux: list[torch.Tensor] = []
+        self._maybe_add_hidden_state(aux, self.start_layer, hidden, residual)
+        for index, layer in enumerate(islice(self.layers, self.start_layer, self.end_layer), start=self.start_layer):
+            hidden, residual = layer(positions, hidden, residual, **kwargs)
+            self._maybe_add_hidden_state(aux, index + 1, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return (hidden, aux) if aux else hidden
+
+
+class Gemma3ForCausalLMEagle3(Gemma3ForCausalLM, SupportsEagle3):
+    def __init__(self, *, vllm_config, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self.model = Gemma3ModelEagle3(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
+        if self.config.tie_word_embeddings:  # tie the head to the new model's embeddings
+            self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
+        self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
