@@ -37,3 +37,11 @@ def test_registered_class_subclasses_vllms_eagle3_draft():
 def test_register_without_vllm_says_so():
     with pytest.raises(ModuleNotFoundError, match="vllm"):
         vllm_plugin.register()
+
+
+def test_target_classes_capture_hidden_states_under_vllms_names():
+    for name, path in vllm_plugin.TARGET_CLASSES.items():
+        module, cls = path.split(":")
+        source = REPO / (module.replace(".", "/") + ".py")
+        classes = {n.name: n for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.ClassDef)}
+        assert [ast.unparse(b) for b in classes[cls].bases] == [name, "SupportsEagle3"]
