@@ -12,9 +12,9 @@ from itertools import islice
 
 import torch
 from vllm.distributed import get_pp_group
+from vllm.model_executor.models import gemma3
 from vllm.model_executor.models.gemma3 import Gemma3ForCausalLM, Gemma3Model
 from vllm.model_executor.models.interfaces import EagleModelMixin, SupportsEagle3
-from vllm.model_executor.models.utils import maybe_prefix
 
 
 class Gemma3ModelEagle3(Gemma3Model, EagleModelMixin):
@@ -35,8 +35,11 @@ class Gemma3ModelEagle3(Gemma3Model, EagleModelMixin):
 
 class Gemma3ForCausalLMEagle3(Gemma3ForCausalLM, SupportsEagle3):
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
-        self.model = Gemma3ModelEagle3(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
-        if self.config.tie_word_embeddings:  # tie the head to the new model's embeddings
-            self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
-        self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
+        # vLLM's __init__ builds `gemma3.Gemma3Model` (and ties the head to its embeddings): have it build the
+        # capturing subclass instead; a second model would register its attention layers twice
+        original = gemma3.Gemma3Model
+        gemma3.Gemma3Model = Gemma3ModelEagle3
+        try:
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
+        finally:
+            gemma3.Gemma3Model = original
