@@ -140,10 +140,11 @@ def test_checkpoints_saved_before_layer_family_keep_their_own_layer():
     saved.pop("layer_family")  # as written before the field existed (and before drafter_architecture)
     saved.pop("drafter_architecture")
     saved.pop("target_layer_ids")
+    saved.pop("layer_hidden_act")  # added later still
     legacy = DynaSpecConfig.from_dict(saved)
     assert legacy.layer_family == "llama" == legacy.target_model_type
     mistral = DynaSpecConfig.from_target_config(family_target("mistral").config, num_clusters=8).to_dict()
-    for key in ("layer_family", "drafter_architecture", "target_layer_ids"):
+    for key in ("layer_family", "drafter_architecture", "target_layer_ids", "layer_hidden_act"):
         mistral.pop(key)
     drafter = DynaSpecDrafter(DynaSpecConfig.from_dict(mistral))
     assert type(drafter.layer).__name__ == "MistralDecoderLayer"  # as such a checkpoint was trained
