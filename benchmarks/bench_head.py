@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a source checkout
 
-from hf_dynaspec.bench import machine_description  # noqa: E402
+from hf_dynaspec.machine import machine_description  # noqa: E402
 from hf_dynaspec.ops import gathered_lm_head, resolve_head_backend, segmented_lm_head  # noqa: E402
 
 SHAPES: dict[str, tuple[int, int]] = {"smollm": (49152, 576), "llama3": (128256, 4096), "gemma3": (262144, 640)}

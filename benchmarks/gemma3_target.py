@@ -21,9 +21,10 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
-from hf_dynaspec.bench import load_bench_prompts, machine_description, write_doc_block
+from hf_dynaspec.bench import load_bench_prompts, write_doc_block
 from hf_dynaspec.generation.calibration import measure_walk_head, time_forward
 from hf_dynaspec.generation.verify import crop_cache
+from hf_dynaspec.machine import machine_description
 from hf_dynaspec.targets import load_target
 
 ROOT = Path(__file__).resolve().parents[1]

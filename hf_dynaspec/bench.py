@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import platform
 import re
 import statistics
 import time
@@ -80,17 +78,6 @@ class Summary:
     mismatches: int
     prompts: int
     extra: dict = field(default_factory=dict)
-
-
-def machine_description() -> str:
-    """CPU model, core count, torch version: recorded with every benchmark result."""
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return f"{cpu}, {os.cpu_count()} logical cores{gpu}, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
 def write_doc_block(path: str | Path, name: str, text: str) -> None:

@@ -32,6 +32,7 @@ from .configuration import ARCHITECTURES, eagle3_layer_ids
 from .cpu import is_prepared_for_cpu, prepare_for_cpu
 from .generation_config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecGenerationConfig
 from .interchange import DEFAULT_DRAFT_VOCAB, FORMATS, export_eagle3, load_eagle3, shortlist_counts_on_data
+from .machine import machine_description
 from .modeling import DynaSpecDrafter
 from .targets import GEMMA3_ALIASES, PROMPT_FORMATS, SMOLLM2_ALIASES, encode_formatted, load_target
 from .training import frequent_tokens, load_prompts, train_drafter
@@ -411,7 +412,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "threads": torch.get_num_threads(), "prompts": len(prompts), "repeats": args.repeats,
             "prompt_format": args.prompt_format,
             "cpu_weight_layout": "re-laid (prepare_for_cpu)" if is_prepared_for_cpu(target) else "as loaded",
-            "machine": bench.machine_description()}
+            "machine": machine_description()}
     summaries = bench.write_results(records, args.out, meta)
     bench.plot_results(summaries, args.out)
     print(bench.markdown_table(summaries))
@@ -441,7 +442,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
         records = quality.run_quality(target, tokenizer, drafter, questions, args.max_new_tokens, records_path)
     meta = {"target": args.target, "drafter": args.drafter, "questions": len({a.index for a in records}),
             "max_new_tokens": args.max_new_tokens, "sampling": quality.SAMPLING,
-            "threads": torch.get_num_threads(), "machine": bench.machine_description()}
+            "threads": torch.get_num_threads(), "machine": machine_description()}
     summary = quality.write_quality(records, out, meta)
     print((out / "results.md").read_text())
     return 0 if summary["greedy_text_exact_match"] == 1.0 else 1

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from hf_dynaspec.bench import machine_description
+from hf_dynaspec.machine import machine_description
 
 PROMPTS = Path(__file__).resolve().parents[2] / "data" / "tuning_prompts.jsonl"  # held out of every training set
 METRICS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")

@@ -29,8 +29,9 @@ import torch.nn.functional as F  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from hf_dynaspec.balanced_clusters import balanced_vocabulary  # noqa: E402
-from hf_dynaspec.bench import machine_description, write_doc_block  # noqa: E402
+from hf_dynaspec.bench import write_doc_block  # noqa: E402
 from hf_dynaspec.clustering import VocabClusters, cluster_vocabulary  # noqa: E402
+from hf_dynaspec.machine import machine_description  # noqa: E402
 from hf_dynaspec.router import ClusterRouter  # noqa: E402
 from hf_dynaspec.targets import load_target  # noqa: E402
 from hf_dynaspec.training.data import load_dataset  # noqa: E402

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from hf_dynaspec import DynaSpecDrafter
-from hf_dynaspec.bench import machine_description, write_doc_block
+from hf_dynaspec.bench import write_doc_block
+from hf_dynaspec.machine import machine_description
 from hf_dynaspec.targets import load_target
 from hf_dynaspec.training.trainer import (
     HELDOUT_EVAL_NAME,

@@ -22,7 +22,7 @@ import torch
 from summarize import quality_text, summary_text  # recipes/smollm2/summarize.py, beside this script
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
-from hf_dynaspec.bench import machine_description
+from hf_dynaspec.machine import machine_description
 from hf_dynaspec.sharing import build_card, copy_tree_tuning
 from hf_dynaspec.targets import SMOLLM2_GGUF, load_target
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from hf_dynaspec import DynaSpecDrafter
-from hf_dynaspec.bench import machine_description
+from hf_dynaspec.machine import machine_description
 from hf_dynaspec.targets import load_target
 from hf_dynaspec.training import train_drafter
 

@@ -19,7 +19,6 @@ import torch
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.bench import (
     load_bench_prompts,
-    machine_description,
     method_settings,
     parse_methods,
     run_bench,
@@ -27,6 +26,7 @@ from hf_dynaspec.bench import (
     write_doc_block,
 )
 from hf_dynaspec.generation_config import TREE_FIELDS
+from hf_dynaspec.machine import machine_description
 from hf_dynaspec.sharing import TREE_TUNING
 from hf_dynaspec.targets import load_target
 
