@@ -33,7 +33,8 @@ source recipes/stage.sh  # stage NAME COMMAND...: timed into $RUN/stages.jsonl
 #    it continues, asked three ways (multilingual.py; held-out and tuning prompts from reserved seeds). Code:
 #    function starts from pinned permissively licensed packages (code_prompts.py; held-out slice from others).
 [ -f data/code_prompts.jsonl ] || stage code-prompts python recipes/gemma3/code_prompts.py
-for part in heldout translate expand answer; do
+[ -f data/multilingual_slice.jsonl ] || stage ml-heldout python recipes/gemma3/multilingual.py heldout
+for part in translate expand answer; do
     stage "ml-$part" python recipes/gemma3/multilingual.py "$part" --corpus "$CORPUS"
 done
 stage corpus python recipes/gemma3/build_corpus.py --out "$CORPUS" --max-prompts "$PROMPTS" \
