@@ -77,14 +77,16 @@ def test_selection_keeps_ancestors_and_the_best_scores():
     assert {int(t) for t in pool.tokens[keep]} == {7, 10, 20, 11, 22}  # 21 (0.06) is under the floor
 
 
+@pytest.mark.parametrize("growth, layout", [("host", "lanes"), ("device", "union"), ("device", "lanes")])
 @pytest.mark.parametrize("mode", ["dynamic", "union", "full"])
-@pytest.mark.parametrize("policy", ["eagle2", "chain"])
-def test_greedy_speculative_with_device_growth_equals_greedy(mode, policy):
+@pytest.mark.parametrize("policy", ["eagle2", "dyspec", "chain"])
+def test_greedy_speculative_on_every_drafting_path_equals_greedy(growth, layout, mode, policy):
+    """Device growth and lanes, alone and together ("dyspec" trees always grow on the host)."""
     target = tiny_target(eos_token_id=None)
     drafter = tiny_drafter(target)
     ids = prompt()
     out = speculative(target, drafter, ids, max_new_tokens=24, tree_policy=policy, head_mode=mode,
-                      tree_growth="device", shortlist_layout="lanes", num_draft_nodes=10, draft_depth=4)
+                      tree_growth=growth, shortlist_layout=layout, num_draft_nodes=10, draft_depth=4)
     assert torch.equal(out, greedy(target, ids, max_new_tokens=24))
 
 
