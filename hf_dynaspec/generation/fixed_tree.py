@@ -111,13 +111,6 @@ def read_tree(pool: FixedPool, selected: torch.Tensor, root_token: int) -> tuple
     tokens, parents, scores, keep = columns.tolist()  # the one host read (ids exact in float64)
     tree = DraftTree(root_token=root_token)
     index = {0: 0}
-    for node in sorted((n for n in range(1, len(keep)) if keep[n]), key=lambda n: _depth(parents, n)):
+    for node in (n for n in range(1, len(keep)) if keep[n]):  # layers are appended in order: parents come first
         index[node] = tree.add(int(tokens[node]), index[int(parents[node])], scores[node])
     return tree, list(range(len(tree.tokens)))
-
-
-def _depth(parents: list[float], node: int) -> int:
-    depth = 0
-    while node > 0:
-        node, depth = int(parents[node]), depth + 1
-    return depth
