@@ -215,7 +215,7 @@ def conditions(bench_dir: Path, code_dir: Path | None) -> tuple[list[Condition],
 
 
 def fixed_tree_text(folder: Path) -> str:
-    """The diagnostic run (run.sh stage 7b): the drafter alone, every tree drafted to its full size, one row per
+    """The diagnostic run (stage 7b of the English recipe, recipes/gemma3/run.sh at 46a1249): the drafter alone, every tree drafted to its full size, one row per
     method over all its prompts."""
     payload = json.loads((folder / "results.json").read_text())
     return (f"Why, for accepted length: the drafter alone (no lookup branch) with every tree drafted to its full "
@@ -244,7 +244,7 @@ def main() -> None:
     parser.add_argument("--bench", type=Path, required=True, help="Spec-Bench run folder (results.json)")
     parser.add_argument("--code", type=Path, default=None, help="code-slice run folder (results.json)")
     parser.add_argument("--fixed", type=Path, default=None,
-                        help="the fixed-size-tree diagnostic run folder (run.sh stage 7b), added when given")
+                        help="the fixed-size-tree diagnostic run folder (stage 7b of the English recipe, recipes/gemma3/run.sh at 46a1249), added when given")
     parser.add_argument("--readme", action="store_true", help=f"also write the README's {README_BLOCK} block")
     args = parser.parse_args()
     found, best, tables = conditions(args.bench, args.code)
