@@ -17,12 +17,12 @@ from hf_dynaspec.generation.verify import crop_cache
 from hf_dynaspec.generation_config import resolve_draft_settings
 
 
-def generator_after_prompt(target, drafter, **settings):
+def generator_after_prompt(target, drafter, ids=None, **settings):
     """A candidate generator that has read a prompt (as after the prefill)."""
     config = drafter.generation_config.__class__(**settings)
     resolved = resolve_draft_settings(config, drafter.generation_config, drafter.config, "cpu")
     generator = DynaSpecCandidateGenerator(drafter.bind(target), resolved)
-    ids = prompt(10)
+    ids = prompt(10) if ids is None else ids
     with torch.no_grad():
         out = target(ids, output_hidden_states=True)
     generator.extend(drafter.target_features(out.hidden_states)[0], torch.cat([ids[0, 1:], ids[0, -1:]]))
@@ -51,11 +51,33 @@ def test_device_growth_grows_the_host_trees(settings):
     assert torch.equal(trees["device"].ancestor, trees["host"].ancestor)
 
 
+@pytest.mark.parametrize("settings", [
+    dict(num_draft_nodes=12, draft_depth=4, draft_top_k=3, lookup_num_tokens=5),
+    dict(num_draft_nodes=3, draft_depth=2, draft_top_k=2, lookup_num_tokens=6),  # the branch deeper than the tree
+    dict(tree_policy="chain", num_draft_nodes=4, draft_depth=4, lookup_num_tokens=3),
+])
+def test_device_graft_grafts_the_host_lookup_branch(settings):
+    """A prompt that repeats itself, so the lookup branch has tokens to graft (some on drafted nodes)."""
+    target = tiny_target(eos_token_id=2)
+    drafter = tiny_drafter(target)
+    ids = torch.tensor([[9, 40, 41, 42, 43, 44, 9, 40, 41, 42]])
+    trees = {}
+    for growth in ("host", "device"):
+        generator, committed = generator_after_prompt(target, drafter, ids, tree_growth=growth, **settings)
+        committed[0, -1] = 40  # the root: "9 40" recurs, so the branch is 41 42 43 44 9 ...
+        trees[growth] = generator.draft(committed)
+    assert any(trees["host"].grafted_list)
+    assert tree_columns(trees["device"]) == tree_columns(trees["host"])
+    assert trees["device"].grafted_list == trees["host"].grafted_list
+
+
 def test_device_growth_reads_the_tree_once():
     target = tiny_target(eos_token_id=2)
     drafter = tiny_drafter(target)
-    generator, ids = generator_after_prompt(target, drafter, lookup_num_tokens=0, tree_growth="device",
+    ids = torch.tensor([[9, 40, 41, 42, 43, 44, 9, 40, 41, 42]])
+    generator, ids = generator_after_prompt(target, drafter, ids, lookup_num_tokens=4, tree_growth="device",
                                             shortlist_layout="lanes", num_draft_nodes=20, draft_depth=5, draft_top_k=4)
+    ids[0, -1] = 40
     committed = ids[0].tolist()
     with HostSyncCounter() as counter:
         generator._draft_fixed(ids[0, -1], committed, None)

@@ -36,10 +36,10 @@ from ..head import CONTEXT_MODES, ContextColumns, HeadOutput
 from ..masks import additive_mask, causal_mask
 from .cost import AcceptanceTracker, VerifyCosts, trim_to_cost
 from .fixed_tree import Expand as FixedExpand
-from .fixed_tree import FixedPool, grow_eagle2_fixed, read_tree
+from .fixed_tree import FixedPool, graft_fixed, grow_eagle2_fixed, read_tree
 from .lookup import find_continuation
 from .stats import SpeculativeStats
-from .tree import DraftTree, Expand, Proposals, VerifyTree, compact, depth_limits, graft_chain, grow_tree
+from .tree import DraftTree, Expand, Proposals, VerifyTree, compact, depth_limits, grow_tree
 from .verify import WalkResult, crop_cache
 
 if TYPE_CHECKING:
@@ -234,16 +234,18 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         return self.root.children, expand
 
     def _draft_fixed(self, root: torch.Tensor, committed: list[int], max_depth: int | None) -> VerifyTree:
-        """An EAGLE-2 tree grown in fixed-shape tensor ops (`fixed_tree`), read on the host once, with the
-        lookup branch grafted there."""
+        """An EAGLE-2 tree grown and grafted with the lookup branch in fixed-shape tensor ops (`fixed_tree`),
+        read on the host once."""
         settings = self.settings
         depth, lookup_length = depth_limits(settings, max_depth)
         if depth < 1:
             return compact(DraftTree(root_token=committed[-1]), [0])
+        lookup = self._lookup(committed)[:lookup_length]  # host tokens: the graft reads nothing
         pool, selected = grow_eagle2_fixed(root, self.root.children, self.fixed_expander(), settings.draft_top_k,
-                                           depth, settings.num_draft_nodes, settings.min_draft_prob)
-        tree, nodes = read_tree(pool, selected, committed[-1])
-        return compact(tree, graft_chain(tree, nodes, self._lookup(committed)[:lookup_length]))
+                                           depth, settings.num_draft_nodes, settings.min_draft_prob, len(lookup))
+        grafted = graft_fixed(pool, selected, torch.tensor(lookup, dtype=torch.long, device=self.device))
+        tree, nodes = read_tree(pool, selected, committed[-1], grafted)
+        return compact(tree, nodes)
 
     def fixed_expander(self) -> FixedExpand:
         """The drafter's side of `grow_eagle2_fixed`: expand a frontier of pool nodes at one depth, all on the

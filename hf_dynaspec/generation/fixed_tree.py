@@ -10,8 +10,10 @@ capacity known in advance, 1 + k + (D - 1) k^2 nodes for top-k expansion over D 
     select:   the `num_draft_nodes` best scores overall (shallower first on ties), closed under ancestors
 
 A node is live when its score is finite and at least log(min_draft_prob). Scores are float64 so sums match the
-host grower's. Every step is a fixed-shape tensor operation: no host read until `read_tree` turns the selected
-nodes into a `DraftTree` in one transfer. Same trees as `tree._grow_eagle2` (tests/test_fixed_tree.py).
+host grower's. The lookup branch (tokens known on the host) is grafted as one more root path in spare slots
+(`graft_fixed`), sharing selected nodes where the path exists, as `tree.graft_chain` does. Every step is a
+fixed-shape tensor operation: no host read until `read_tree` turns the selected nodes into a `DraftTree` in one
+transfer. Same trees as `tree._grow_eagle2` + `tree.graft_chain` (tests/test_fixed_tree.py).
 
     python -m pytest tests/test_fixed_tree.py -q
 """
@@ -73,12 +75,13 @@ def capacity(top_k: int, depth: int) -> int:
 
 def grow_eagle2_fixed(
     root_token: torch.Tensor, root_children: Proposals, expand: Expand, top_k: int, depth: int,
-    num_nodes: int, min_draft_prob: float,
+    num_nodes: int, min_draft_prob: float, spare: int = 0,
 ) -> tuple[FixedPool, torch.Tensor]:
     """(pool, selected (P,) bool): EAGLE-2 growth to `depth` with `top_k` children per expanded node, the best
-    `num_nodes` kept (root included in the selection, closed under ancestors). No host read."""
+    `num_nodes` kept (root included in the selection, closed under ancestors); `spare` slots left for a lookup
+    graft (`graft_fixed`). No host read."""
     floor = math.log(min_draft_prob) if min_draft_prob > 0 else float("-inf")
-    pool = FixedPool.empty(root_token, capacity(top_k, depth))
+    pool = FixedPool.empty(root_token, capacity(top_k, depth) + spare)
     layer = pool.add_layer(torch.zeros(1, dtype=torch.long, device=root_token.device), *root_children, floor)
     for d in range(1, depth):
         frontier = layer[pool.scores[layer].topk(min(top_k, layer.numel())).indices]  # (F,) best first
@@ -87,16 +90,16 @@ def grow_eagle2_fixed(
 
 
 def select_nodes(pool: FixedPool, num_nodes: int, depth: int) -> torch.Tensor:
-    """(P,) bool: the root and the `num_nodes` best live nodes (ties: the shallower first), closed under
+    """(capacity,) bool: the root and the `num_nodes` best live nodes (ties: the shallower first), closed under
     ancestors (`depth` hops reach every ancestor)."""
     scores = pool.scores[1 : pool.size]  # (P - 1,)
     # a stable sort on depth, then on score: equal scores keep the shallower node first
     by_depth = torch.argsort(pool.depths[1 : pool.size], stable=True)
     order = by_depth[torch.argsort(-scores[by_depth], stable=True)]  # (P - 1,) best first
-    keep = torch.zeros(pool.size, dtype=torch.bool, device=scores.device)
+    keep = torch.zeros(pool.tokens.numel(), dtype=torch.bool, device=scores.device)  # (capacity,): spare slots too
     best = order[: min(num_nodes, order.numel())] + 1
     keep[best] = torch.isfinite(pool.scores[best])
-    parent = pool.parents[: pool.size]
+    parent = pool.parents  # -1 at the root and in unused slots
     for _ in range(depth):  # parents of kept nodes are kept (a tie may rank a child before its parent)
         up = (keep & (parent >= 0)).to(torch.int32)
         keep |= torch.zeros_like(up).scatter_reduce(0, parent.clamp(min=0), up, reduce="amax").bool()
@@ -104,13 +107,39 @@ def select_nodes(pool: FixedPool, num_nodes: int, depth: int) -> torch.Tensor:
     return keep
 
 
-def read_tree(pool: FixedPool, selected: torch.Tensor, root_token: int) -> tuple[DraftTree, list[int]]:
-    """The selected nodes as a host `DraftTree` (renumbered, parents first) and its node ids: one transfer."""
+def graft_fixed(pool: FixedPool, selected: torch.Tensor, chain: torch.Tensor) -> torch.Tensor:
+    """Graft `chain` (L,) (tokens after the root, e.g. the lookup branch) as a root path: at each step the selected
+    child of the current node with that token if there is one, else the next spare slot becomes a new selected
+    node with its parent's score (q(path) unchanged, as `tree.graft_chain`). Updates `pool` and `selected` in
+    place; returns grafted (P,) bool, the new nodes. Fixed shapes, no host read (L is the host's list length)."""
+    grafted = torch.zeros_like(selected)
+    node = torch.zeros((), dtype=torch.long, device=selected.device)  # the root
+    for token in chain:
+        match = selected & (pool.parents == node) & (pool.tokens == token)  # (P,) at most one: siblings differ
+        found = match.any()
+        new = pool.size
+        pool.tokens[new], pool.parents[new], pool.depths[new] = token, node, pool.depths[node] + 1
+        pool.scores[new] = pool.scores[node]
+        selected[new] = grafted[new] = ~found
+        node = torch.where(found, match.to(torch.long).argmax(), new)
+        pool.size += 1
+    return grafted
+
+
+def read_tree(
+    pool: FixedPool, selected: torch.Tensor, root_token: int, grafted: torch.Tensor | None = None
+) -> tuple[DraftTree, list[int]]:
+    """The selected nodes as a host `DraftTree` (renumbered, parents first; grafted nodes marked) and its node
+    ids: one transfer."""
+    grafted = torch.zeros_like(selected) if grafted is None else grafted
     columns = torch.stack([pool.tokens[: pool.size].to(torch.float64), pool.parents[: pool.size].to(torch.float64),
-                           pool.scores[: pool.size], selected[: pool.size].to(torch.float64)])
-    tokens, parents, scores, keep = columns.tolist()  # the one host read (ids exact in float64)
+                           pool.scores[: pool.size], selected[: pool.size].to(torch.float64),
+                           grafted[: pool.size].to(torch.float64)])
+    tokens, parents, scores, keep, graft = columns.tolist()  # the one host read (ids exact in float64)
     tree = DraftTree(root_token=root_token)
     index = {0: 0}
-    for node in (n for n in range(1, len(keep)) if keep[n]):  # layers are appended in order: parents come first
+    for node in (n for n in range(1, len(keep)) if keep[n]):  # nodes are appended in order: parents come first
         index[node] = tree.add(int(tokens[node]), index[int(parents[node])], scores[node])
+        if graft[node]:
+            tree.grafted.add(index[node])
     return tree, list(range(len(tree.tokens)))
