@@ -21,7 +21,8 @@ class Gemma3ModelEagle3(Gemma3Model, EagleModelMixin):
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
                 inputs_embeds: torch.Tensor | None = None, **kwargs):
         if get_pp_group().world_size > 1:
-            raise NotImplementedError("The DynaSpec plugin's Gemma 3 runs on one pipeline stage.")
+            raise ValueError("The DynaSpec plugin's Gemma 3 captures hidden states on one pipeline stage: run vLLM "
+                             "with pipeline_parallel_size=1.")
         hidden = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
         residual = None
         aux: list[torch.Tensor] = []
