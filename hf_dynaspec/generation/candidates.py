@@ -281,12 +281,8 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         out = self.drafter(input_ids=tokens[None], hidden_states=parents[None], position_ids=positions[None],
                            attention_mask=mask, cache=self.cache, head_mode=None)
         budget = config.clusters_at_depth(depth, settings.draft_depth, settings.shortlist_k0, settings.shortlist_k1)
-        head = self.drafter.bound_head.logits(out.hidden_states[0], settings.head_mode, out.router_logits[0],
-                                              [budget] * tokens.numel(), self.context, settings.static_size,
-                                              settings.shortlist_layout)
-        logq = torch.log_softmax(head.logits, dim=-1)  # (F, S), -inf outside each shortlist
-        top = logq.topk(min(settings.draft_top_k, logq.shape[-1]), dim=-1)
-        return out.next_hidden_states[0], head, (head.ids_at(top.indices), top.values)
+        head, children = self._children(out.hidden_states[0], out.router_logits[0], [budget] * tokens.numel())
+        return out.next_hidden_states[0], head, children
 
     def _fixed_mask(self, pool: FixedPool, frontier: torch.Tensor, depth: int, known: int) -> torch.Tensor:
         """(1, 1, F, cache + F) for frontier nodes at `depth`: the committed prefix, the slots of their depth - 1
@@ -335,9 +331,16 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             for d in depths
         ]
         with self.stats.timer("head", self.device):
-            head = self.drafter.bound_head.logits(features, settings.head_mode, router_logits, budget, self.context,
-                                                  settings.static_size, settings.shortlist_layout)
+            head, children = self._children(features, router_logits, budget)
         self.stats.add_shortlist(head.shortlist_sizes)
+        return head, children
+
+    def _children(self, features: torch.Tensor, router_logits: torch.Tensor, budget: list[int]
+                  ) -> tuple[HeadOutput, Proposals]:
+        """The shortlisted head on features (F, d) with cluster budgets (F,), and each node's top-k children."""
+        settings = self.settings
+        head = self.drafter.bound_head.logits(features, settings.head_mode, router_logits, budget, self.context,
+                                              settings.static_size, settings.shortlist_layout)
         logq = torch.log_softmax(head.logits, dim=-1)  # (F, S), -inf outside each shortlist
         top = logq.topk(min(settings.draft_top_k, logq.shape[-1]), dim=-1)
         return head, (head.ids_at(top.indices), top.values)
