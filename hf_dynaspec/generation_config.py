@@ -45,6 +45,7 @@ SPEC_FIELDS = (
     "shortlist_layout",
     "count_host_reads",
     "tree_growth",
+    "draft_graphs",
     "device_trees",
 )
 # The fields that size the draft tree: what `device_trees` may set per device type.
@@ -54,10 +55,13 @@ DEFAULT_SETTINGS = dict(
     tree_policy="eagle2", num_draft_nodes=12, draft_depth=5, draft_top_k=4, head_mode="dynamic", min_draft_prob=0.0,
     lookup_num_tokens=8, lookup_max_ngram=3, lookup_min_ngram=1, verify_costs="off", static_size=None,
     draft_gate=False, synchronize_timers=False, shortlist_layout="auto", count_host_reads=False,
-    tree_growth="auto",
+    tree_growth="auto", draft_graphs="auto",
 )
 SHORTLIST_LAYOUTS = ("auto", *LAYOUTS)
 TREE_GROWTHS = ("auto", "host", "device")
+DRAFT_GRAPHS = ("auto", "on", "off")
+GRAPH_DEVICE_TYPES = ("cuda",)  # where draft steps can be captured as graphs (`generation.graphs`)
+GRAPH_HEAD_MODES = ("dynamic", "static", "full")  # the heads whose shapes stay fixed from one step to the next
 # Per device type, over DEFAULT_SETTINGS: the tree with the best modelled speed from measured GPU costs and
 # measured acceptance (`python benchmarks/device_tree.py`, results in benchmarks/results/cuda-default-tree).
 DEFAULT_DEVICE_TREES: dict[str, dict[str, Any]] = {
@@ -107,6 +111,10 @@ class DynaSpecGenerationConfig(GenerationConfig):
             on the host to pick the next: one host read per draft depth), "device" (fixed-shape tensor ops, the
             tree read once; `generation.fixed_tree`) or "auto" ("device" on CUDA, "host" elsewhere). Same trees.
             "dyspec" trees always grow on the host.
+        draft_graphs (`str`): run each draft step of device-grown trees as a captured CUDA graph, one per step
+            shape (`generation.graphs`; a capture that fails runs eagerly, with the reason logged): "on", "off"
+            or "auto" ("on" where it applies: CUDA, `tree_growth="device"`, an "eagle2" or "chain" tree, head
+            "dynamic" with the "lanes" layout, "static" or "full"). Same drafts either way.
         count_host_reads (`bool`): count the reads of device values on the host in each decoding step (each is a
             GPU synchronisation), ours and the target forward's apart, into `speculative_stats` (slows decoding:
             every tensor operation is intercepted; for profiling).
@@ -135,6 +143,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         shortlist_layout: str | None = None,
         count_host_reads: bool | None = None,
         tree_growth: str | None = None,
+        draft_graphs: str | None = None,
         device_trees: dict[str, dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -156,6 +165,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         self.shortlist_layout = shortlist_layout
         self.count_host_reads = count_host_reads
         self.tree_growth = tree_growth
+        self.draft_graphs = draft_graphs
         self.device_trees = device_trees
         super().__init__(**kwargs)
 
@@ -200,12 +210,13 @@ class DraftSettings:
     shortlist_layout: str  # "union" or "lanes" ("auto" is resolved per device)
     count_host_reads: bool
     tree_growth: str  # "host" or "device" ("auto" is resolved per device)
+    draft_graphs: str  # "on" or "off" ("auto" is resolved per device and settings)
 
 
 def check_speculative_fields(fields: dict[str, Any]) -> None:
     """Raise `ValueError` naming the field and the valid range for impossible values."""
     choices = {"tree_policy": TREE_POLICIES, "head_mode": HEAD_MODES, "shortlist_layout": SHORTLIST_LAYOUTS,
-               "tree_growth": TREE_GROWTHS}
+               "tree_growth": TREE_GROWTHS, "draft_graphs": DRAFT_GRAPHS}
     ranges = {
         "num_draft_nodes": (1, 1024),
         "draft_depth": (1, 64),
@@ -344,4 +355,26 @@ def resolve_draft_settings(
     if merged["tree_policy"] == "chain":
         merged["draft_top_k"] = 1
         merged["num_draft_nodes"] = min(merged["num_draft_nodes"], merged["draft_depth"])
+    merged["draft_graphs"] = resolve_draft_graphs(merged, device_type)
     return DraftSettings(**merged)
+
+
+def resolve_draft_graphs(merged: dict[str, Any], device_type: str) -> str:
+    """"on" / "off" for the resolved settings: "auto" turns graphs on wherever they apply, "on" raises where they
+    cannot (saying what to change), "off" stays off."""
+    wanted = merged["draft_graphs"]
+    if wanted == "off":
+        return "off"
+    blockers = []
+    if device_type not in GRAPH_DEVICE_TYPES:
+        blockers.append(f"the target runs on {device_type!r} (graphs are CUDA graphs)")
+    if merged["tree_growth"] != "device" or merged["tree_policy"] == "dyspec":
+        blockers.append("trees must grow on the device (tree_growth='device', tree_policy 'eagle2' or 'chain')")
+    if merged["head_mode"] not in GRAPH_HEAD_MODES:
+        blockers.append(f"head_mode {merged['head_mode']!r} changes shape every step (use one of {GRAPH_HEAD_MODES})")
+    elif merged["head_mode"] == "dynamic" and merged["shortlist_layout"] != "lanes":
+        blockers.append("the 'dynamic' head needs shortlist_layout='lanes' (fixed-size shortlists)")
+    if wanted == "on" and blockers:
+        raise ValueError("DynaSpecGenerationConfig.draft_graphs='on' cannot apply: " + "; ".join(blockers)
+                         + ". Change that, or set draft_graphs='auto' / 'off'.")
+    return "off" if blockers else "on"

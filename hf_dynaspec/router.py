@@ -71,8 +71,9 @@ def run_router_beside(
     with torch.cuda.stream(side):
         router_logits = router(features)
     layer_out = layer_fn(*layer_args, **layer_kwargs)
-    main.wait_stream(side)
-    router_logits.record_stream(main)
+    main.wait_stream(side)  # the join: inside a graph capture, fork and join are recorded with the step
+    if not torch.cuda.is_current_stream_capturing():  # a graph's memory lives as long as the graph
+        router_logits.record_stream(main)
     return router_logits, layer_out
 
 

@@ -135,9 +135,10 @@ def test_one_draft_step_reads_nothing_and_compiles_whole(mode):
     parents = generator.root.feature[None].expand(layer.numel(), -1)
     positions = torch.full((layer.numel(),), generator.committed, dtype=torch.long)
     mask = generator._fixed_mask(pool, layer, 1, 0)
+    budget = drafter.config.shortlist_k1  # clusters per node at draft position 1
     crop_cache(generator.cache, generator.committed)
-    eager = generator.draft_step(pool.tokens[layer], parents, positions, mask, 1)
+    eager = generator.draft_step(pool.tokens[layer], parents, positions, mask, budget)
     crop_cache(generator.cache, generator.committed)
-    compiled = step(pool.tokens[layer], parents, positions, mask, 1)
+    compiled = step(pool.tokens[layer], parents, positions, mask, budget)
     assert torch.equal(compiled[2][0], eager[2][0])
     torch.testing.assert_close(compiled[2][1], eager[2][1])

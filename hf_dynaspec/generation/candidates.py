@@ -29,14 +29,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import DynamicCache, GenerationConfig
+from transformers.cache_utils import Cache, StaticLayer
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from ..generation_config import DraftSettings, resolve_draft_settings
 from ..head import CONTEXT_MODES, ContextColumns, HeadOutput
 from ..masks import additive_mask, causal_mask
+from . import graphs as step_graphs
 from .cost import AcceptanceTracker, VerifyCosts, trim_to_cost
 from .fixed_tree import Expand as FixedExpand
-from .fixed_tree import FixedPool, graft_fixed, grow_eagle2_fixed, read_tree
+from .fixed_tree import FixedPool, capacity, graft_fixed, grow_eagle2_fixed, read_tree
 from .lookup import find_continuation
 from .stats import SpeculativeStats
 from .tree import DraftTree, Expand, Proposals, VerifyTree, compact, depth_limits, grow_tree
@@ -85,7 +87,10 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         self.do_sample = do_sample
         self.max_length = max_length
         self.acceptance = AcceptanceTracker()
-        self.cache = DynamicCache()
+        # draft steps as captured graphs (`graphs`): they need a drafter cache of fixed size and address
+        self.graphs = step_graphs.StepGraphs(step_graphs.backend_for(self.device)) \
+            if settings.draft_graphs == "on" else None
+        self.cache = DynamicCache() if self.graphs is None else self._static_cache(settings, max_length)
         self.committed = 0
         # "context" / "union" heads: the tokens read so far (every committed token after the first)
         self.context_tokens: set[int] = set()
@@ -115,6 +120,25 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
     def device(self) -> torch.device:
         return self.drafter.fc.weight.device
 
+    @staticmethod
+    def _static_cache(settings: DraftSettings, max_length: int | None) -> Cache:
+        """A drafter cache of fixed size: every committed position (`max_length`) plus one tree's expansions."""
+        if max_length is None:
+            raise ValueError("Draft-step graphs need the generation's max_length to size the drafter cache.")
+        return Cache(layers=[StaticLayer(max_length + capacity(settings.draft_top_k, settings.draft_depth))])
+
+    def _fit(self, mask: torch.Tensor) -> torch.Tensor:
+        """A 4D mask (1, 1, T, K) over the drafter cache as it is used, widened to the static cache's size (the
+        columns past K masked) when the cache is static."""
+        layer = self.cache.layers[0] if self.cache.layers else None
+        if not isinstance(layer, StaticLayer):
+            return mask
+        if mask.shape[-1] > layer.max_cache_len:
+            raise ValueError(f"The drafter cache holds {layer.max_cache_len} positions; this call needs "
+                             f"{mask.shape[-1]}: raise max_length or set draft_graphs='off'.")
+        return torch.nn.functional.pad(mask, (0, layer.max_cache_len - mask.shape[-1]),
+                                       value=torch.finfo(mask.dtype).min)
+
     # ------------------------------------------------------------------ committed sequence
     @torch.no_grad()
     def extend(
@@ -135,7 +159,8 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
                 input_ids=next_tokens[None],
                 hidden_states=self.drafter.project(target_features[None]),
                 position_ids=positions[None],
-                attention_mask=causal_mask(length, self.committed, self.drafter.dtype, target_features.device),
+                attention_mask=self._fit(causal_mask(length, self.committed, self.drafter.dtype,
+                                                     target_features.device)),
                 cache=self.cache,
                 head_mode=None,
                 timer=self.stats.timer,
@@ -260,7 +285,9 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             parents = torch.cat(features)[pool.slots[pool.parents[frontier]] + 1]  # (F, d): the root is row 0
             positions = torch.full((width,), self.committed - 1 + depth, device=device)  # (F,)
             mask = self._fixed_mask(pool, frontier, depth, known)
-            feature, head, proposals = self.draft_step(pool.tokens[frontier], parents, positions, mask, depth)
+            budget = self.drafter.config.clusters_at_depth(depth, self.settings.draft_depth,
+                                                           self.settings.shortlist_k0, self.settings.shortlist_k1)
+            feature, head, proposals = self._run_step(pool.tokens[frontier], parents, positions, mask, budget)
             self.stats.add_shortlist(head.shortlist_sizes)
             pool.slots[frontier] = known + torch.arange(width, device=device)
             features.append(feature)
@@ -270,25 +297,44 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         return expand
 
     def draft_step(
-        self, tokens: torch.Tensor, parents: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, depth: int
+        self, tokens: torch.Tensor, parents: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, budget: int
     ) -> tuple[torch.Tensor, HeadOutput, Proposals]:
-        """One drafter call for F nodes at draft position `depth`: layer, router and shortlisted head, then each
-        node's top-k children. tokens (F,), parents (F, d) the features they read, positions (F,), mask the 4D
-        additive mask over the drafter cache and themselves -> (their features (F, d), the head, (tokens, log q)
-        (F, k) each). No timer and no statistics inside: with the "lanes" layout nothing here is read on the host
-        and it compiles whole (`fullgraph=True`)."""
-        settings, config = self.settings, self.drafter.config
+        """One drafter call for F nodes: layer, router and shortlisted head (`budget` clusters per node: k_c of
+        their children's draft position), then each node's top-k children. tokens (F,), parents (F, d) the
+        features they read, positions (F,), mask the 4D additive mask over the drafter cache and themselves ->
+        (their features (F, d), the head, (tokens, log q) (F, k) each). No timer and no statistics inside: with
+        the "lanes" layout nothing here is read on the host, it compiles whole (`fullgraph=True`) and it is
+        captured as a graph (`_run_step`)."""
         out = self.drafter(input_ids=tokens[None], hidden_states=parents[None], position_ids=positions[None],
                            attention_mask=mask, cache=self.cache, head_mode=None)
-        budget = config.clusters_at_depth(depth, settings.draft_depth, settings.shortlist_k0, settings.shortlist_k1)
-        head, children = self._children(out.hidden_states[0], out.router_logits[0], [budget] * tokens.numel())
+        head, children = self._children(out.hidden_states[0], out.router_logits[0], budget)
         return out.next_hidden_states[0], head, children
 
+    def _run_step(
+        self, tokens: torch.Tensor, parents: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, budget: int
+    ) -> tuple[torch.Tensor, HeadOutput, Proposals]:
+        """`draft_step`, through its captured graph when graphs are on (one per frontier width and budget)."""
+        if self.graphs is None:
+            return self.draft_step(tokens, parents, positions, mask, budget)
+        pointer = self.cache.layers[0].cumulative_length
+        before = pointer.clone()  # the write position the step advances: put back after warm-up and capture
+
+        def flat(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            feature, head, (children, log_q) = self.draft_step(*inputs, budget)
+            return feature, head.token_ids, head.logits, head.shortlist_sizes, children, log_q
+
+        feature, ids, logits, sizes, children, log_q = self.graphs(
+            (tokens.numel(), budget), flat, (tokens, parents, positions, mask), lambda: pointer.copy_(before))
+        return feature, HeadOutput(ids, logits, sizes), (children, log_q)
+
     def _fixed_mask(self, pool: FixedPool, frontier: torch.Tensor, depth: int, known: int) -> torch.Tensor:
-        """(1, 1, F, cache + F) for frontier nodes at `depth`: the committed prefix, the slots of their depth - 1
-        drafted ancestors (every ancestor below the root was expanded), themselves. Built on the device."""
+        """(1, 1, F, cache + F) for frontier nodes at `depth` (a static cache: its whole size): the committed
+        prefix, the slots of their depth - 1 drafted ancestors (every ancestor below the root was expanded),
+        themselves. Built on the device."""
         width, committed = frontier.numel(), self.committed
-        allowed = torch.zeros(width, committed + known + width + 1, dtype=torch.bool, device=self.device)
+        layer = self.cache.layers[0] if self.cache.layers else None
+        columns = layer.max_cache_len if isinstance(layer, StaticLayer) else committed + known + width
+        allowed = torch.zeros(width, columns + 1, dtype=torch.bool, device=self.device)
         allowed[:, :committed] = True
         rows = torch.arange(width, device=self.device)
         allowed[rows, committed + known + rows] = True
@@ -309,7 +355,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             for ancestor in pool.ancestors(node):
                 allowed[i, slots[ancestor]] = True
             allowed[i, self.committed + known + i] = True
-        return additive_mask(allowed.to(self.device), self.drafter.dtype)
+        return self._fit(additive_mask(allowed.to(self.device), self.drafter.dtype))
 
     def _lookup(self, committed: list[int]) -> list[int]:
         """The lookup branch for the committed sequence (L,), root last ([] when off or no n-gram recurs)."""
@@ -390,8 +436,11 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             rows.append(row)
             if t == depth - 1:
                 break
-            out = self.drafter(  # causal over the committed cache and the chain so far
+            past = self.committed + t  # causal over the committed cache and the chain so far
+            out = self.drafter(
                 input_ids=token.view(1, 1), hidden_states=feature.view(1, 1, -1), cache=self.cache,
+                position_ids=torch.full((1, 1), past, device=self.device),
+                attention_mask=self._fit(causal_mask(1, past, self.drafter.dtype, self.device)),
                 head_mode=None, timer=self.stats.timer,
             )
             feature = out.next_hidden_states[0, -1]

@@ -125,7 +125,8 @@ def speculative_decode(
         features, next_tokens = prefill(target, run, drafter.config.feature_layer_ids)
         if not run.finished:
             costs = verify_costs_for(settings, target, run.walk_head)
-            generator = DynaSpecCandidateGenerator(drafter, settings, run.stats, costs)
+            generator = DynaSpecCandidateGenerator(drafter, settings, run.stats, costs,
+                                                   max_length=generation_config.max_length)
             generator.extend(features, next_tokens, run.token_list[1:])
             gate = DraftGate() if settings.draft_gate else None
             with counting_host_reads(target, run.stats, settings.count_host_reads):

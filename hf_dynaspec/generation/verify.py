@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 from transformers.generation.logits_process import LogitsProcessorList
 
 from ..masks import target_masks
@@ -217,9 +217,12 @@ def keep_accepted(cache: DynamicCache, past_length: int, path: list[int]) -> Non
         layer.values = layer.values[:, :, :end]
 
 
-def crop_cache(cache: DynamicCache, length: int) -> None:
-    """Drop every entry at or after `length` (explicit slicing: `crop`'s sign convention varies)."""
+def crop_cache(cache: Cache, length: int) -> None:
+    """Drop every entry at or after `length` (explicit slicing: `crop`'s sign convention varies). A static layer
+    keeps its tensors (fixed addresses) and moves its write position back, on the device."""
     for layer in cache.layers:
-        if getattr(layer, "keys", None) is not None and layer.keys.numel():
+        if isinstance(layer, StaticLayer):
+            layer.cumulative_length.fill_(length)
+        elif getattr(layer, "keys", None) is not None and layer.keys.numel():
             layer.keys = layer.keys[:, :, :length]
             layer.values = layer.values[:, :, :length]
