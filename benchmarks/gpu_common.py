@@ -48,7 +48,7 @@ except Exception as err:  # noqa: BLE001
     DynaSpecConfig = DynaSpecDrafter = DynaSpecGenerationConfig = dynaspec_modeling = VocabClusters = None
     decoding = HostSyncCounter = crop_cache = target_masks = None
 
-SECTIONS = ("head", "verify", "drafter", "exactness", "syncs", "trees")
+SECTIONS = ("head", "verify", "drafter", "steps", "exactness", "syncs", "trees")
 TIMED_HEAD_MODES = ("full", "static", "dynamic", "dynamic-lanes")  # "-lanes": the fixed-shape shortlist layout
 # How drafting runs: through the host (the union shortlist layout, each expansion read to pick the next) or on the
 # device (fixed-shape lanes and tree growth: the tree read once); CUDA's default is "device"
@@ -74,6 +74,10 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
             intermediate_size=128, vocab_size=256)
 QUICK_SMOLLM2 = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                      intermediate_size=128, vocab_size=512, tie_word_embeddings=True)
+GEMMA3_270M = dict(hidden_size=640, num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+                   intermediate_size=2048, vocab_size=262144)
+QUICK_GEMMA3 = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                    intermediate_size=128, vocab_size=2048)
 QUICK_LLAMA = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=256, vocab_size=1024)
 FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}
@@ -97,6 +101,7 @@ class Plan:
     drafter_targets: dict[str, dict[str, Any]]
     drafter_rows: tuple[int, ...]
     drafter_context: int
+    step_targets: dict[str, dict[str, Any]]  # the "steps" section's shapes (eager and graphed draft steps)
     num_clusters: int
     exact_targets: dict[str, tuple[str, dict[str, Any]]]  # name -> (family, config fields)
     prompts: int
@@ -116,6 +121,7 @@ FULL = Plan(
     head_rows=(1, 8, 64), repeats=20, warmup=5,
     verify_model=LLAMA_8B, verify_contexts=(512, 2048), verify_nodes=(1, 2, 4, 8, 16, 32, 48, 64),
     drafter_targets={"smollm2": SMOLLM2, "llama3-8b": LLAMA_8B}, drafter_rows=(1, 8, 32), drafter_context=512,
+    step_targets={"smollm2": SMOLLM2, "llama3-8b": LLAMA_8B, "gemma3-270m": GEMMA3_270M},
     num_clusters=64,
     exact_targets={"tiny-llama": ("llama", TINY), "tiny-qwen2": ("qwen2", TINY), "smollm2": ("llama", SMOLLM2)},
     prompts=3, prompt_length=24, new_tokens=48, sync_targets=("tiny-llama", "smollm2"),
@@ -130,6 +136,7 @@ QUICK = Plan(
     repeats=3, warmup=1,
     verify_model=QUICK_LLAMA, verify_contexts=(16, 32), verify_nodes=(1, 2, 4, 8),
     drafter_targets={"smollm2": QUICK_SMOLLM2, "llama3-8b": QUICK_LLAMA}, drafter_rows=(1, 4), drafter_context=16,
+    step_targets={"smollm2": QUICK_SMOLLM2, "llama3-8b": QUICK_LLAMA, "gemma3-270m": QUICK_GEMMA3},
     num_clusters=8,
     exact_targets={"tiny-llama": ("llama", TINY), "tiny-qwen2": ("qwen2", TINY), "smollm2": ("llama", QUICK_SMOLLM2)},
     prompts=2, prompt_length=8, new_tokens=12, sync_targets=("tiny-llama", "smollm2"),

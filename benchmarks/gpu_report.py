@@ -60,6 +60,10 @@ DRAFTER_COLUMNS = [("shape", "target"), ("d", "d"), ("vocab", "V"), ("positions"
                    ("shortlist_mean", "shortlist"), ("step_beside_ms", "step ms (router beside)"),
                    ("step_sequential_ms", "step ms (sequential)"), ("overlap_saving_ms", "saved ms"),
                    ("router_ms", "router ms"), ("head_ms", "head ms")]
+STEP_COLUMNS = [("shape", "target"), ("d", "d"), ("vocab", "V"), ("positions", "F"), ("head_mode", "head"),
+                ("eager_ms", "eager ms"), ("graphed_ms", "graphed ms"), ("graph_speedup", "graph speedup"),
+                ("vs_full_step", "vs full head (graphed)"), ("same_children", "same drafts"),
+                ("max_log_q_diff", "max log q diff"), ("fallback", "capture fallback")]
 EXACT_COLUMNS = [("target", "target"), ("dtype", "dtype"), ("tree", "tree"), ("runs", "runs"),
                  ("identical_share_pct", "identical"), ("first_divergences", "first divergence (token)"),
                  ("logit_gaps", "logit gap there")]
@@ -107,6 +111,8 @@ def section_markdown(name: str, data: dict[str, Any]) -> list[str]:
         lines += [f"Model: {fmt(data.get('model', {}))}", ""] + verify_table(data["rows"])
     elif name == "drafter":
         lines += table(data["rows"], DRAFTER_COLUMNS)
+    elif name == "steps":
+        lines += table(data["rows"], STEP_COLUMNS)
     elif name == "exactness":
         lines += table(data["summary"], EXACT_COLUMNS)
         shares = data.get("identical_share_by_dtype", {})
@@ -118,6 +124,27 @@ def section_markdown(name: str, data: dict[str, Any]) -> list[str]:
                   "tokens.", ""] + table(data["rows"], TREE_COLUMNS)
     lines += [""] + [f"- {note}" for note in data.get("notes", [])] + [""]
     return lines
+
+
+def step_shares(sections: dict[str, Any]) -> list[str]:
+    """The Llama-3.1-8B-shaped draft step as a share of a plain target step (the verify section's n = 1 causal
+    forward at its first context: the same model shape), eager and graphed, per head and F."""
+    steps, verify = sections.get("steps"), sections.get("verify")
+    if not steps or not verify:
+        return []
+    plain = [r for r in verify["rows"] if r["nodes"] == 1 and r["mask"] == "causal"]
+    if not plain:
+        return []
+    first = min(plain, key=lambda r: r["context"])
+    rows = [dict(head_mode=r["head_mode"], positions=r["positions"], eager_share=r["eager_ms"] / first["ms"],
+                 graphed_share=r["graphed_ms"] / first["ms"])
+            for r in steps["rows"] if r["shape"] == "llama3-8b"]
+    if not rows:
+        return []
+    return ["## draft step / plain target step (Llama-3.1-8B shape)", "",
+            f"Plain target step: {fmt(first['ms'])} ms (verify section, n = 1 after {first['context']} tokens).", ""
+            ] + table(rows, [("head_mode", "head"), ("positions", "F"), ("eager_share_pct", "eager"),
+                             ("graphed_share_pct", "graphed")]) + [""]
 
 
 def render_markdown(results: dict[str, Any]) -> str:
@@ -133,4 +160,5 @@ def render_markdown(results: dict[str, Any]) -> str:
     for name in SECTIONS:
         if name in results["sections"]:
             lines += section_markdown(name, results["sections"][name])
+    lines += step_shares(results["sections"])
     return "\n".join(lines)

@@ -17,6 +17,10 @@ on a rerun while that file exists (`--force` redoes it; a file from a `--quick` 
              "static", "dynamic") for SmolLM2- and Llama-3.1-8B-shaped targets (the target is built on the meta
              device; only its embeddings and LM head are materialised), with the router on its CUDA side stream
              (`run_router_beside`) and run before the layer ("sequential"); plus the router and head alone.
+- steps:     one draft step as decoding runs it (`draft_step`: layer, router beside it, head, top-k children)
+             eager and replayed as a CUDA graph (`draft_graphs`), dynamic-lanes / static / full heads, at the
+             SmolLM2, Llama-3.1-8B and Gemma 3 270M shapes (`gpu_steps.py`); the report sets the Llama step
+             against a plain target step (the verify section's n = 1 forward).
 - exactness: speculative greedy (`target.generate(ids, assistant_model=drafter)`) vs plain greedy on random
              targets (tiny Llama, tiny Qwen2, SmolLM2-shaped Llama) in fp32 and bf16, a few prompts, the
              drafter's default tree for the device and the CPU-sized one (12 nodes, depth 5): share of
@@ -74,11 +78,12 @@ from gpu_common import (  # noqa: E402
 )
 from gpu_decoding import run_exactness, run_syncs, run_trees  # noqa: E402
 from gpu_report import render_markdown  # noqa: E402
+from gpu_steps import run_steps  # noqa: E402
 from gpu_timing import run_drafter, run_head, run_verify  # noqa: E402
 
 RUNNERS: dict[str, Callable[[Context], dict[str, Any]]] = {
-    "head": run_head, "verify": run_verify, "drafter": run_drafter, "exactness": run_exactness, "syncs": run_syncs,
-    "trees": run_trees,
+    "head": run_head, "verify": run_verify, "drafter": run_drafter, "steps": run_steps, "exactness": run_exactness,
+    "syncs": run_syncs, "trees": run_trees,
 }
 
 

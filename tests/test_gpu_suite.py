@@ -116,6 +116,20 @@ def test_drafter_rows(suite, run):
         assert row["shortlist_mean"] == expected[row["head_mode"]], row
 
 
+def test_steps_replay_every_draft_step_shape_from_its_graph(suite, run):
+    out, _ = run
+    data = section(out, "steps")
+    plan, modes = suite.QUICK, load_benchmark_script("gpu_steps").STEP_HEAD_MODES
+    assert {(r["shape"], r["positions"], r["head_mode"]) for r in data["rows"]} == {
+        (shape, f, mode) for shape in plan.step_targets for f in plan.drafter_rows for mode in modes}
+    for row in data["rows"]:
+        assert row["eager_ms"] > 0 and row["graphed_ms"] > 0 and row["fallback"] is None, row
+        assert row["same_children"] and row["max_log_q_diff"] < 1e-4, row
+        if row["head_mode"] == "full":
+            assert row["vs_full_step"] == 1.0
+    assert "## draft step / plain target step" in (out / "results.md").read_text()
+
+
 def test_exactness_is_total_in_fp32_on_cpu(suite, run):
     out, _ = run
     data = section(out, "exactness")
