@@ -5,7 +5,8 @@
 # download that one wheel here first and carry it along (the `run` tool's `carry`, 64 MiB at most):
 #   echo /wheelhouse/ >> .git/info/exclude
 #   pip download --no-deps -d wheelhouse transformers==5.24.0
-# then, on the device (carry: ["wheelhouse"]):  bash benchmarks/gpu_run.sh   (resumable: rerun it if it stops)
+# then, on the device (carry: ["wheelhouse"]):  bash benchmarks/gpu_run.sh   (resumable: rerun it if it stops;
+# a section saved by other code than this checkout's is redone)
 # The package runs from this checkout (the suite puts it on sys.path): nothing is built there, since a
 # build-isolated `pip install -e .` would need the network.
 set -euo pipefail

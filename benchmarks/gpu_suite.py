@@ -50,6 +50,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -98,6 +99,18 @@ def version_of(*names: str) -> str | None:
     return None
 
 
+def source_hash() -> str:
+    """sha256 (first 16 hex digits) of the code a section measures: the package, the kernels, the suite's scripts.
+    A section saved by other code is redone."""
+    root = Path(__file__).resolve().parent.parent
+    paths = sorted([*(root / "hf_dynaspec").rglob("*.py"), *(root / "kernels").rglob("*.py"),
+                    *Path(__file__).resolve().parent.glob("gpu_*.py")])
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def environment(ctx: Context) -> dict[str, Any]:
     device = ctx.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
@@ -106,6 +119,7 @@ def environment(ctx: Context) -> dict[str, Any]:
         transformers=transformers.__version__, cuda=torch.version.cuda, python=platform.python_version(),
         threads=torch.get_num_threads(), timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(
             timespec="seconds"), quick=ctx.args.quick, dtype=str(ctx.dtype), peak_gbps=ctx.args.peak_gbps,
+        source=source_hash(),
     )
 
 
@@ -130,12 +144,14 @@ def log(out: Path, message: str) -> None:
 
 
 def is_done(path: Path, ctx: Context) -> bool:
-    """A saved section counts when it comes from a run of the same kind (quick or not) on the same device type."""
+    """A saved section counts when it comes from a run of the same kind (quick or not) on the same device type,
+    of the same code (`source_hash`)."""
     if not path.exists() or ctx.args.force:
         return False
     with contextlib.suppress(ValueError, OSError):
         meta = json.loads(path.read_text()).get("meta", {})
-        return meta.get("quick") == ctx.args.quick and meta.get("device_type") == ctx.device.type
+        return (meta.get("quick") == ctx.args.quick and meta.get("device_type") == ctx.device.type
+                and meta.get("source") == source_hash())
     return False
 
 

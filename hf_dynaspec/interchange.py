@@ -142,8 +142,11 @@ def draft_vocabulary(
 ) -> torch.Tensor:
     """(N,) ascending target ids, the EOS ids always in. With `token_counts` (V,): the `draft_vocab_size` (default
     `DEFAULT_DRAFT_VOCAB`) most frequent tokens (ties: lower id). Without: the drafter's static shortlist (ranked,
-    most frequent first), all of it or its first `draft_vocab_size` tokens."""
+    most frequent first), all of it or its first `draft_vocab_size` tokens. `draft_vocab_size` = the vocabulary:
+    every id (the full head, for comparisons)."""
     vocab_size = drafter.config.vocab_size
+    if draft_vocab_size == vocab_size:
+        return torch.arange(vocab_size)
     eos = torch.tensor(sorted(set(drafter.config.always_include_ids)), dtype=torch.long)  # (E,), E may be 0
     if token_counts is None:
         if drafter.static_token_ids.numel() == 0:

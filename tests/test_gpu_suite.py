@@ -216,3 +216,12 @@ def test_quick_sections_are_redone_by_a_full_run(suite, run):
     assert not suite.is_done(out / "sections" / "head.json", ctx)  # saved by a --quick run
     ctx.args.quick = True
     assert suite.is_done(out / "sections" / "head.json", ctx)
+
+
+def test_sections_saved_by_other_code_are_redone(suite, run, monkeypatch):
+    out, _ = run
+    ctx = suite.Context(suite.parse_args(["--out", str(out), "--device", "cpu", "--quick"]), suite.QUICK,
+                        suite.torch.device("cpu"), suite.torch.bfloat16)
+    assert suite.is_done(out / "sections" / "head.json", ctx)
+    monkeypatch.setattr(suite, "source_hash", lambda: "another version")
+    assert not suite.is_done(out / "sections" / "head.json", ctx)

@@ -349,6 +349,8 @@ def test_export_needs_counts_or_a_static_shortlist(target, tmp_path):
     folder = export_eagle3(drafter, target, tmp_path, draft_vocab_size=10)  # its 9 first tokens + EOS
     vocab = (torch.arange(10) + load_file(folder / "model.safetensors")["d2t"]).tolist()
     assert vocab == sorted({EOS, *[t for t in ranked if t != EOS][:9]})
+    full = export_eagle3(tiny_drafter(target), target, tmp_path / "full", draft_vocab_size=V)  # the full head
+    assert torch.equal(load_file(full / "model.safetensors")["d2t"], torch.zeros(V, dtype=torch.long))
 
 
 def test_layer_id_conventions(target, tmp_path):

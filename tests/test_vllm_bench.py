@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers import REPO, load_script
 
 bench = load_script(REPO / "benchmarks/serving/vllm_bench.py", "vllm_bench")
@@ -32,3 +33,26 @@ def test_summary_compares_each_configuration_with_plain_at_its_batch(tmp_path):
     assert {(r["configuration"], r["batch"]) for r in rows} == {("plain", 1), ("dynaspec-plugin", 1), ("plain", 8),
                                                                 ("static-eagle3", 8)}
     assert (tmp_path / "tokens_per_s.png").is_file()
+
+
+def test_drafts_keep_the_order_given_and_plain_comes_first(tmp_path):
+    (tmp_path / "order.json").write_text(json.dumps(["plain", "static-32k", "full-head", "dynaspec-plugin"]))
+    for name in ("dynaspec-plugin", "full-head", "static-32k", "plain"):
+        write(tmp_path, name, 1, 1.0, [[1]])
+    assert list(bench.read_runs(tmp_path)) == ["plain-b1", "static-32k-b1", "full-head-b1", "dynaspec-plugin-b1"]
+
+
+def test_draft_names_are_checked():
+    assert bench.parse_drafts(["a=/x", "static-32k=/y"]) == {"a": "/x", "static-32k": "/y"}
+    for bad in ("plain=/x", "nofolder", "=/x", "x-b1=/y"):
+        with pytest.raises(SystemExit, match="NAME=FOLDER"):
+            bench.parse_drafts([bad])
+
+
+def test_prompts_per_category_and_base_model_format(tmp_path):
+    path = tmp_path / "p.jsonl"
+    rows = [{"category": c, "prompt": f"{c}{i}"} for c in ("zh", "ja") for i in range(3)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert bench.prompts(path, 10, per_category=2) == ["zh0", "zh1", "ja0", "ja1"]
+    assert bench.prompts(path, 2) == ["zh0", "zh1"]
+    assert bench.formatted(None, ["Why?"], "qa") == ["Question: Why?\nAnswer:"]

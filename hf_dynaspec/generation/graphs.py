@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 
 from .syncs import SYNCING
@@ -101,6 +100,8 @@ class ReplayEmulation:
 
     def capture(self, step: Step, inputs: tuple[torch.Tensor, ...], reset: Reset
                 ) -> tuple[tuple[torch.Tensor, ...], Callable[[], None]]:
+        from torch.fx.experimental.proxy_tensor import make_fx  # tests only: not imported with the package
+
         with CaptureCheck():
             traced = make_fx(step)(*inputs)
         reset()

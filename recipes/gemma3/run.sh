@@ -96,3 +96,9 @@ stage bench-spec "${BENCH[@]}" --limit "$LIMIT" --prompt-format qa --out "$OUT-s
 # 8. the report: every condition of the issue, per-slice tables, README block (conditions.md in $OUT-languages)
 stage report python recipes/gemma3/multilingual_report.py --languages "$OUT-languages" --code "$OUT-code" \
     --spec "$OUT-spec-bench" --curve benchmarks/results/cpu-gemma3-ml-train/curve.json --readme
+
+# 9. served by vLLM (issue #32): the drafter's static exports (32,768 tokens, the whole vocabulary) and the DynaSpec
+#    plugin on the language slice, in vLLM's CPU build (its own environment); skip with SERVING=0
+if [ "${SERVING:-1}" = 1 ]; then
+    stage serving env TARGET=gemma3 DRAFTER="$RUN/ckpt" bash benchmarks/serving/run.sh
+fi
