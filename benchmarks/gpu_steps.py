@@ -21,8 +21,8 @@ from typing import Any
 from unittest import mock
 
 import torch
-from gpu_common import Context, head_mode_and_layout, head_only_target, release_memory, require_package
-from gpu_timing import random_drafter
+from gpu_common import Context, head_mode_and_layout, require_package
+from gpu_timing import rows_per_target
 from tqdm.auto import tqdm
 
 STEP_HEAD_MODES = ("dynamic-lanes", "static", "full")
@@ -124,13 +124,7 @@ def run_steps(ctx: Context) -> dict[str, Any]:
     plan = ctx.plan
     bar = tqdm(total=len(plan.step_targets) * len(plan.drafter_rows) * len(STEP_HEAD_MODES), desc="steps",
                file=sys.stderr)
-    rows: list[dict[str, Any]] = []
-    for shape, fields in plan.step_targets.items():
-        target = head_only_target(fields, ctx.dtype, ctx.device)
-        rows += step_rows(ctx, shape, random_drafter(target, ctx), bar)
-        del target
-        release_memory(ctx.device)
-    bar.close()
+    rows = rows_per_target(ctx, plan.step_targets, step_rows, bar)
     notes = [f"draft step on {plan.drafter_context} committed positions, {plan.num_clusters} random clusters, "
              f"k0 = {plan.num_clusters // 8} per node; vs_full_step: graphed step time / the full head's"]
     if ctx.device.type != "cuda":

@@ -346,18 +346,26 @@ def drafter_rows(ctx: Context, shape: str, drafter: DynaSpecDrafter, bar: tqdm) 
     return rows
 
 
+def rows_per_target(ctx: Context, targets: dict[str, dict[str, Any]],
+                    rows_of: Callable[[Context, str, DynaSpecDrafter, tqdm], list[dict[str, Any]]],
+                    bar: tqdm) -> list[dict[str, Any]]:
+    """`rows_of(ctx, shape, drafter, bar)` for a random drafter bound to each head-only target shape, the
+    device's memory released after each; closes `bar`."""
+    rows: list[dict[str, Any]] = []
+    for shape, fields in targets.items():
+        target = head_only_target(fields, ctx.dtype, ctx.device)
+        rows += rows_of(ctx, shape, random_drafter(target, ctx), bar)
+        del target
+        release_memory(ctx.device)
+    bar.close()
+    return rows
+
+
 def run_drafter(ctx: Context) -> dict[str, Any]:
     require_package()
     plan = ctx.plan
     bar = progress(len(plan.drafter_targets) * len(plan.drafter_rows) * len(TIMED_HEAD_MODES) * 2, "drafter")
-    rows: list[dict[str, Any]] = []
-    for shape, fields in plan.drafter_targets.items():
-        target = head_only_target(fields, ctx.dtype, ctx.device)
-        drafter = random_drafter(target, ctx)
-        rows += drafter_rows(ctx, shape, drafter, bar)
-        del target, drafter
-        release_memory(ctx.device)
-    bar.close()
+    rows = rows_per_target(ctx, plan.drafter_targets, drafter_rows, bar)
     notes = [f"{plan.num_clusters} random clusters, k0 = {plan.num_clusters // 8} per position; static shortlist "
              f"as large; drafter cache of {plan.drafter_context} tokens"]
     if ctx.device.type != "cuda":
