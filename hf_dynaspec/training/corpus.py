@@ -235,23 +235,28 @@ def loop_end(answer: list[int], span: int) -> int | None:
     return None
 
 
+Continue = Callable[[list[list[int]], int], list[torch.Tensor]]  # (contexts, steps) -> greedy pieces (S <= steps,)
+
+
 def answers_until_loop(
     model, prompts: list[list[int]], max_new_tokens: int, batch_size: int, pad_id: int, eos_ids: set[int],
-    span: int, segment: int, on_done: Callable[[int], Any] | None = None,
+    span: int, segment: int, on_done: Callable[[int], Any] | None = None, continue_batch: Continue | None = None,
 ) -> list[torch.Tensor]:
     """Greedy answers that end at an end-of-sequence token, at `max_new_tokens`, or where they start repeating a
     `span`-token run of themselves (`loop_end`: a base model's greedy loops; the rest would be copies). They are
     generated `segment` tokens at a time: a finished answer leaves its batch and a waiting prompt (or an
     unfinished answer, prefilled with what it has) takes its place, so no batch idles until its longest row
-    ends. Greedy continuation from a prefix is the same greedy answer."""
+    ends. Greedy continuation from a prefix is the same greedy answer. `continue_batch` generates the pieces
+    instead of `model.generate` (`answer_batch`), e.g. a serving engine given a whole shard as one batch."""
+    if continue_batch is None:
+        continue_batch = lambda contexts, steps: answer_batch(model, contexts, steps, pad_id, eos_ids)[0]  # noqa: E731
     answers = [torch.empty(0, dtype=torch.long) for _ in prompts]
     queue = list(range(len(prompts)))
     while queue:
         batch, queue = queue[:batch_size], queue[batch_size:]
         contexts = [prompts[i] + answers[i].tolist() for i in batch]
         steps = min(segment, max_new_tokens - min(answers[i].numel() for i in batch))
-        new, _ = answer_batch(model, contexts, steps, pad_id, eos_ids)
-        for i, piece in zip(batch, new):
+        for i, piece in zip(batch, continue_batch(contexts, steps), strict=True):
             answer = torch.cat([answers[i], piece])[:max_new_tokens]  # (S,)
             end = loop_end(answer.tolist(), span)
             answers[i] = answer[:end] if end is not None else answer
@@ -311,14 +316,18 @@ def write_answers(
     model, tokenizer, records: Sequence[dict[str, Any]], out_dir: str | os.PathLike, max_new_tokens: int,
     batch_size: int, per_shard: int = 512, max_prompt_tokens: int = 768, progress: bool = True,
     chat_template: bool = True, capture_layers: list[int] | None = None, on_shard: ShardCallback | None = None,
-    stop_repeats: int = 0, segment: int = 64,
+    stop_repeats: int = 0, segment: int = 64, continue_batch: Continue | None = None,
+    eos_ids: set[int] | None = None,
 ) -> dict[str, Any]:
     """Answer every record's `prompt` not yet in `out_dir/index.json` and append compressed shards. Prompts run
     shortest first (little padding); `chat_template=False` encodes them as plain text (base models: the text
     is continued as it is). With `capture_layers`, the target's features are kept as it generates and handed,
     with the shard number and conversations, to `on_shard` before the shard is recorded (e.g.
     `features.CapturedFeatures`: no second pass over the corpus). `stop_repeats=n` ends an answer once it
-    repeats an n-token span of itself (`answers_until_loop`). Returns the index."""
+    repeats an n-token span of itself (`answers_until_loop`); with it, `continue_batch` may generate instead of
+    `model` (which may then be None; `eos_ids` must be given). Returns the index."""
+    if continue_batch is not None and (not stop_repeats or eos_ids is None):
+        raise ValueError("continue_batch generates the segments of stop_repeats answers: set stop_repeats and eos_ids.")
     if stop_repeats and capture_layers is not None:
         raise ValueError("stop_repeats generates in segments and cannot capture features as it goes: leave "
                          "capture_layers unset and recompute the features (`hf-dynaspec features`).")
@@ -327,14 +336,17 @@ def write_answers(
     index = read_index(out) or {"version": CORPUS_VERSION, "shards": [], "done": []}
     todo = pending_prompts(tokenizer, records, set(index["done"]), max_prompt_tokens, chat_template)
     order = sorted(todo, key=lambda k: len(todo[k][0]))
-    pad_id, eos_ids = pad_token_id(tokenizer, model), eos_token_ids(model)
+    if continue_batch is None:
+        pad_id, eos_ids = pad_token_id(tokenizer, model), eos_token_ids(model)
+    else:
+        pad_id = -1  # the engine pads for itself
     bar = tqdm(total=len(order), desc="answers", unit="prompt", disable=not progress)
     for lo in range(0, len(order), per_shard):
         keys, rows, t0 = order[lo : lo + per_shard], [], time.perf_counter()
         prompts, answers = [todo[k][0] for k in keys], []
         if stop_repeats:  # the whole shard in one queue: finished answers make room for waiting prompts
             answers = answers_until_loop(model, prompts, max_new_tokens, batch_size, pad_id, eos_ids, stop_repeats,
-                                         segment, on_done=bar.update)
+                                         segment, on_done=bar.update, continue_batch=continue_batch)
         else:
             for start in range(0, len(prompts), batch_size):
                 batch = prompts[start : start + batch_size]

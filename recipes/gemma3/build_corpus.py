@@ -20,12 +20,16 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 from pathlib import Path
 
 import torch
 
-from hf_dynaspec.targets import PROMPT_FORMATS, load_target
-from hf_dynaspec.training.corpus import prompt_key, write_answers
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_engine import add_engine_arguments, engine_answers  # noqa: E402
+
+from hf_dynaspec.targets import PROMPT_FORMATS, load_target  # noqa: E402
+from hf_dynaspec.training.corpus import prompt_key, write_answers  # noqa: E402
 
 SHARED = Path("../shared/data")
 CODE_SLICE = Path("data/code_slice.jsonl")  # held-out evaluation prompts (code_slice.py): never trained on
@@ -80,17 +84,22 @@ def main() -> None:
                         help="more prompt files (JSONL: prompt, source) answered as they are into the same corpus, "
                         "e.g. data/code_prompts.jsonl (code_prompts.py)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    add_engine_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_target("gemma3", dtype=torch.bfloat16)
+    if args.engine == "vllm":
+        model, (tokenizer, engine) = None, engine_answers(args.engine_model)
+    else:
+        model, tokenizer = load_target("gemma3", dtype=torch.bfloat16)
+        engine = dict(batch_size=args.batch_size, segment=args.segment)
     records = build_records(args.max_prompts, args.seed)
     records += [json.loads(line) for f in args.prompts for line in Path(f).read_text().splitlines()]
     print(f"{len(records)} prompts: {sum(r['source'].startswith('plain') for r in records)} plain, "
           f"{sum(r['source'].startswith('qa') for r in records)} question/answer, "
           f"{sum(r['source'] == 'continuation' for r in records)} continuations, "
           f"{sum(r['source'].startswith('code-') for r in records)} code")
-    write_answers(model, tokenizer, records, args.out, args.max_new_tokens, args.batch_size, chat_template=False,
-                  stop_repeats=args.stop_repeats, segment=args.segment)
+    write_answers(model, tokenizer, records, args.out, args.max_new_tokens, chat_template=False,
+                  stop_repeats=args.stop_repeats, **engine)
 
 
 if __name__ == "__main__":

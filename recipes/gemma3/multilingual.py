@@ -42,6 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from build_corpus import questions  # noqa: E402
 from languages import LANGUAGES, few_shot_prompt, in_language, question_list_prompt  # noqa: E402
+from vllm_engine import add_engine_arguments, engine_answers  # noqa: E402
 
 from hf_dynaspec.targets import PROMPT_FORMATS, load_target  # noqa: E402
 from hf_dynaspec.training.corpus import (  # noqa: E402
@@ -204,8 +205,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    add_engine_arguments(parser)  # stage 4 only
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.engine == "vllm":
+        return answer_with_vllm(args)
     model, tokenizer = load_target("gemma3", dtype=torch.bfloat16)
     if args.stage == "heldout":
         return heldout(model, tokenizer, args)
@@ -217,14 +221,30 @@ def main() -> None:
                                         args.seed), 128
         segment = max_new
     else:
-        rows = read_questions(Path(args.corpus), tokenizer)
-        per_language = {c: [r for r in rows if r["language"] == c][: args.max_questions] for c in LANGUAGES}
-        rows = [r for c in LANGUAGES for r in per_language[c]]
-        QUESTIONS.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-        print({c: len(v) for c, v in per_language.items()})
-        records, max_new = answer_records(rows), args.max_new_tokens
+        records, max_new = answer_records(questions_to_answer(args, tokenizer)), args.max_new_tokens
     write_answers(model, tokenizer, records, args.corpus, max_new, args.batch_size, chat_template=False,
                   stop_repeats=16, segment=segment)  # a segment re-reads its prompt: few, long segments
+
+
+def questions_to_answer(args: argparse.Namespace, tokenizer) -> list[dict]:
+    """Stage 4's questions: the expanded lists' questions, at most --max-questions per language, written to
+    QUESTIONS for inspection."""
+    rows = read_questions(Path(args.corpus), tokenizer)
+    per_language = {c: [r for r in rows if r["language"] == c][: args.max_questions] for c in LANGUAGES}
+    rows = [r for c in LANGUAGES for r in per_language[c]]
+    QUESTIONS.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    print({c: len(v) for c, v in per_language.items()})
+    return rows
+
+
+def answer_with_vllm(args: argparse.Namespace) -> None:
+    """Stage 4 through vLLM (`vllm_engine.py`): the same records and corpus shards."""
+    if args.stage != "answer":
+        raise SystemExit(f"--engine vllm generates stage 4 (answer) only; run {args.stage} with transformers.")
+    tokenizer, engine = engine_answers(args.engine_model)
+    records = answer_records(questions_to_answer(args, tokenizer))
+    write_answers(None, tokenizer, records, args.corpus, args.max_new_tokens, chat_template=False, stop_repeats=16,
+                  **engine)
 
 
 if __name__ == "__main__":
