@@ -32,7 +32,7 @@ def run(suite, tmp_path_factory, one_thread) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("gpu-suite")
     began = time.perf_counter()
     results = suite.main([*QUICK, "--out", str(out)])
-    assert time.perf_counter() - began < 45
+    assert time.perf_counter() - began < 90  # a budget on CI time (seven sections at tiny shapes), not a speed figure
     return out, results
 
 
