@@ -205,25 +205,32 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
-    add_engine_arguments(parser)  # stage 4 only
+    add_engine_arguments(parser)  # stages 2-4 (heldout reads its translations back with transformers)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.engine == "vllm":
-        return answer_with_vllm(args)
-    model, tokenizer = load_target("gemma3", dtype=torch.bfloat16)
-    if args.stage == "heldout":
-        return heldout(model, tokenizer, args)
-    segment = max_new = 96
-    if args.stage == "translate":
-        records = translate_records(args.seeds, args.seed)
-    elif args.stage == "expand":
-        records, max_new = list_records(read_questions(Path(args.corpus), tokenizer, ("translate",)), args.lists,
-                                        args.seed), 128
-        segment = max_new
+        if args.stage == "heldout":
+            raise SystemExit("--engine vllm generates stages 2-4; run heldout with transformers.")
+        tokenizer, engine = engine_answers(args.engine_model)
+        model = None
     else:
-        records, max_new = answer_records(questions_to_answer(args, tokenizer)), args.max_new_tokens
-    write_answers(model, tokenizer, records, args.corpus, max_new, args.batch_size, chat_template=False,
-                  stop_repeats=16, segment=segment)  # a segment re-reads its prompt: few, long segments
+        model, tokenizer = load_target("gemma3", dtype=torch.bfloat16)
+        if args.stage == "heldout":
+            return heldout(model, tokenizer, args)
+    records, max_new, segment = stage_records(args, tokenizer)
+    if model is not None:  # a segment re-reads its prompt: few, long segments
+        engine = dict(batch_size=args.batch_size, segment=segment)
+    write_answers(model, tokenizer, records, args.corpus, max_new, chat_template=False, stop_repeats=16, **engine)
+
+
+def stage_records(args: argparse.Namespace, tokenizer) -> tuple[list[dict], int, int]:
+    """(records, answer length cap, transformers' segment) of stage 2, 3 or 4."""
+    if args.stage == "translate":
+        return translate_records(args.seeds, args.seed), 96, 96
+    if args.stage == "expand":
+        rows = read_questions(Path(args.corpus), tokenizer, ("translate",))
+        return list_records(rows, args.lists, args.seed), 128, 128
+    return answer_records(questions_to_answer(args, tokenizer)), args.max_new_tokens, 96
 
 
 def questions_to_answer(args: argparse.Namespace, tokenizer) -> list[dict]:
@@ -235,16 +242,6 @@ def questions_to_answer(args: argparse.Namespace, tokenizer) -> list[dict]:
     QUESTIONS.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     print({c: len(v) for c, v in per_language.items()})
     return rows
-
-
-def answer_with_vllm(args: argparse.Namespace) -> None:
-    """Stage 4 through vLLM (`vllm_engine.py`): the same records and corpus shards."""
-    if args.stage != "answer":
-        raise SystemExit(f"--engine vllm generates stage 4 (answer) only; run {args.stage} with transformers.")
-    tokenizer, engine = engine_answers(args.engine_model)
-    records = answer_records(questions_to_answer(args, tokenizer))
-    write_answers(None, tokenizer, records, args.corpus, args.max_new_tokens, chat_template=False, stop_repeats=16,
-                  **engine)
 
 
 if __name__ == "__main__":
