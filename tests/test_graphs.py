@@ -33,12 +33,11 @@ def counter_step(cache: torch.Tensor, pointer: torch.Tensor):
 def run_counter(runner: graphs.StepGraphs | None, device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor, int]:
     """Four calls of `counter_step`, eager (runner None) or through `runner`: (outputs, cache, pointer)."""
     cache, pointer = torch.zeros(12, device=device), torch.zeros((), dtype=torch.long, device=device)
-    step, before = counter_step(cache, pointer), pointer.clone()
+    step = counter_step(cache, pointer)
     outs = []
     for i in range(4):
         x = torch.arange(3, device=device, dtype=torch.float32) + 10 * i
-        before.copy_(pointer)
-        outs.append(step(x)[0] if runner is None else runner(2, step, (x,), lambda: pointer.copy_(before))[0])
+        outs.append(step(x)[0] if runner is None else runner(2, step, (x,), state=(pointer,))[0])
     return outs, cache, int(pointer)
 
 
@@ -69,8 +68,8 @@ def test_a_step_capture_refuses_runs_eagerly_with_the_reason_logged(bad, caplog)
     runner = graphs.StepGraphs(graphs.ReplayEmulation())
     x = torch.tensor([1.0, 3.0])
     with caplog.at_level(logging.WARNING, logger=graphs.__name__):
-        first = runner("k", step, (x,), lambda: None)
-        second = runner("k", step, (x * 2,), lambda: None)
+        first = runner("k", step, (x,))
+        second = runner("k", step, (x * 2,))
     assert torch.equal(first[0], step(x)[0]) and torch.equal(second[0], step(x * 2)[0])
     assert runner.replays == 0 and bad in runner.fallbacks["k"]
     assert sum("runs eagerly" in r.message for r in caplog.records) == 1  # said once
@@ -85,9 +84,9 @@ def test_the_emulation_bakes_python_values_in_as_a_graph_does():
     def step(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (x * scale["value"],)
 
-    runner(0, step, (torch.ones(2),), lambda: None)
+    runner(0, step, (torch.ones(2),))
     scale["value"] = 5.0
-    assert runner(0, step, (torch.ones(2),), lambda: None)[0].tolist() == [2.0, 2.0]
+    assert runner(0, step, (torch.ones(2),))[0].tolist() == [2.0, 2.0]
 
 
 def test_crop_moves_a_static_layer_back_without_touching_its_tensors():

@@ -127,11 +127,16 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             raise ValueError("Draft-step graphs need the generation's max_length to size the drafter cache.")
         return Cache(layers=[StaticLayer(max_length + capacity(settings.draft_top_k, settings.draft_depth))])
 
+    def _static_layer(self) -> StaticLayer | None:
+        """The drafter cache's layer when the cache is static (draft-step graphs), else None."""
+        layer = self.cache.layers[0] if self.cache.layers else None
+        return layer if isinstance(layer, StaticLayer) else None
+
     def _fit(self, mask: torch.Tensor) -> torch.Tensor:
         """A 4D mask (1, 1, T, K) over the drafter cache as it is used, widened to the static cache's size (the
         columns past K masked) when the cache is static."""
-        layer = self.cache.layers[0] if self.cache.layers else None
-        if not isinstance(layer, StaticLayer):
+        layer = self._static_layer()
+        if layer is None:
             return mask
         if mask.shape[-1] > layer.max_cache_len:
             raise ValueError(f"The drafter cache holds {layer.max_cache_len} positions; this call needs "
@@ -316,15 +321,14 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         """`draft_step`, through its captured graph when graphs are on (one per frontier width and budget)."""
         if self.graphs is None:
             return self.draft_step(tokens, parents, positions, mask, budget)
-        pointer = self.cache.layers[0].cumulative_length
-        before = pointer.clone()  # the write position the step advances: put back after warm-up and capture
 
         def flat(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
             feature, head, (children, log_q) = self.draft_step(*inputs, budget)
             return feature, head.token_ids, head.logits, head.shortlist_sizes, children, log_q
 
+        pointer = self._static_layer().cumulative_length  # the write position the step advances
         feature, ids, logits, sizes, children, log_q = self.graphs(
-            (tokens.numel(), budget), flat, (tokens, parents, positions, mask), lambda: pointer.copy_(before))
+            (tokens.numel(), budget), flat, (tokens, parents, positions, mask), state=(pointer,))
         return feature, HeadOutput(ids, logits, sizes), (children, log_q)
 
     def _fixed_mask(self, pool: FixedPool, frontier: torch.Tensor, depth: int, known: int) -> torch.Tensor:
@@ -332,8 +336,8 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         prefix, the slots of their depth - 1 drafted ancestors (every ancestor below the root was expanded),
         themselves. Built on the device."""
         width, committed = frontier.numel(), self.committed
-        layer = self.cache.layers[0] if self.cache.layers else None
-        columns = layer.max_cache_len if isinstance(layer, StaticLayer) else committed + known + width
+        layer = self._static_layer()
+        columns = layer.max_cache_len if layer is not None else committed + known + width
         allowed = torch.zeros(width, columns + 1, dtype=torch.bool, device=self.device)
         allowed[:, :committed] = True
         rows = torch.arange(width, device=self.device)

@@ -10,8 +10,8 @@ graph asks of the step, and how the draft step meets it:
   buffers, cloned after each replay (the next replay overwrites them);
 - nothing read on the host and no tensor made from Python data inside: the drafter's KV cache is transformers'
   `StaticLayer`, whose write position is a device tensor, and the attention mask is an input built before;
-- the state the step mutates (the cache's write position) is put back after warm-up and capture (`reset`), which
-  run the step without it counting.
+- the state the step mutates (the cache's write position, passed as `state`) is snapshot when a graph is made and
+  put back after warm-up and capture, which run the step without it counting.
 
 The router stays on its CUDA side stream inside the graph: `run_router_beside` forks and joins it on the
 capturing stream, and the graph records both branches.
@@ -41,7 +41,7 @@ from .syncs import SYNCING
 logger = logging.getLogger(__name__)
 
 Step = Callable[..., tuple[torch.Tensor, ...]]  # static-shape tensors in -> a flat tuple of tensors out
-Reset = Callable[[], None]  # puts back the state a step mutates (the drafter cache's write position)
+Reset = Callable[[], None]  # puts back the state a step mutates (made by `StepGraphs` from its snapshot)
 
 # what CUDA stream capture refuses beyond host reads: tensors made from Python data (a host-to-device copy)
 FROM_HOST_DATA = frozenset({"tensor", "as_tensor", "from_numpy"})
@@ -139,15 +139,17 @@ class StepGraphs:
         self.fallbacks: dict[Hashable, str] = {}  # key -> why it runs eagerly
         self.replays = 0
 
-    def __call__(self, key: Hashable, step: Step, inputs: tuple[torch.Tensor, ...], reset: Reset
-                 ) -> tuple[torch.Tensor, ...]:
+    def __call__(self, key: Hashable, step: Step, inputs: tuple[torch.Tensor, ...],
+                 state: tuple[torch.Tensor, ...] = ()) -> tuple[torch.Tensor, ...]:
         """step(*inputs) through the key's graph: outputs are fresh tensors (clones of the graph's buffers).
-        `step` must compute the same thing for every call with this key: it is captured once."""
+        `step` must compute the same thing for every call with this key: it is captured once. `state`: the tensors
+        the step mutates besides its outputs (the drafter cache's write position), put back after the untimed runs
+        of a capture; nothing is copied on a replay."""
         if key in self.fallbacks:
             return step(*inputs)
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self._capture(key, step, inputs, reset)
+            graph = self._capture(key, step, inputs, state)
             if graph is None:
                 return step(*inputs)
         for buffer, value in zip(graph.inputs, inputs, strict=True):
@@ -156,8 +158,15 @@ class StepGraphs:
         self.replays += 1
         return tuple(out.clone() for out in graph.outputs)
 
-    def _capture(self, key: Hashable, step: Step, inputs: tuple[torch.Tensor, ...], reset: Reset) -> _Graph | None:
+    def _capture(self, key: Hashable, step: Step, inputs: tuple[torch.Tensor, ...],
+                 state: tuple[torch.Tensor, ...]) -> _Graph | None:
         buffers = tuple(value.clone() for value in inputs)
+        saved = tuple(value.clone() for value in state)
+
+        def reset() -> None:
+            for value, before in zip(state, saved, strict=True):
+                value.copy_(before)
+
         try:
             outputs, replay = self.backend.capture(step, buffers, reset)
         except Exception as err:  # noqa: BLE001 - any capture failure leaves the step eager, said once
