@@ -32,20 +32,13 @@ def records(count: int) -> list[dict]:
 
 def run(engine: str, count: int, engine_model: str) -> dict:
     import torch
+    from vllm_engine import answer_engine
 
     from hf_dynaspec.machine import machine_description
     from hf_dynaspec.training.corpus import write_answers
 
-    if engine == "vllm":
-        from vllm_engine import engine_answers
-
-        model, (tokenizer, options) = None, engine_answers(engine_model)
-    else:
-        from hf_dynaspec.targets import load_target
-
-        torch.set_num_threads(2)
-        model, tokenizer = load_target("gemma3", dtype=torch.bfloat16)
-        options = dict(batch_size=32, segment=96)  # multilingual.py's answer stage
+    torch.set_num_threads(2)  # transformers' threads (vLLM's are VLLM_CPU_OMP_THREADS_BIND)
+    model, tokenizer, options = answer_engine(engine, engine_model, 32, 96)  # multilingual.py's answer stage
     folder = Path(tempfile.mkdtemp())
     try:
         start = time.perf_counter()

@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_engine import add_engine_arguments, engine_answers  # noqa: E402
+from vllm_engine import add_engine_arguments, answer_engine  # noqa: E402
 
-from hf_dynaspec.targets import PROMPT_FORMATS, load_target  # noqa: E402
+from hf_dynaspec.targets import PROMPT_FORMATS  # noqa: E402
 from hf_dynaspec.training.corpus import prompt_key, write_answers  # noqa: E402
 
 SHARED = Path("../shared/data")
@@ -87,11 +87,7 @@ def main() -> None:
     add_engine_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if args.engine == "vllm":
-        model, (tokenizer, engine) = None, engine_answers(args.engine_model)
-    else:
-        model, tokenizer = load_target("gemma3", dtype=torch.bfloat16)
-        engine = dict(batch_size=args.batch_size, segment=args.segment)
+    model, tokenizer, engine = answer_engine(args.engine, args.engine_model, args.batch_size, args.segment)
     records = build_records(args.max_prompts, args.seed)
     records += [json.loads(line) for f in args.prompts for line in Path(f).read_text().splitlines()]
     print(f"{len(records)} prompts: {sum(r['source'].startswith('plain') for r in records)} plain, "

@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from build_corpus import questions  # noqa: E402
 from languages import LANGUAGES, few_shot_prompt, in_language, question_list_prompt  # noqa: E402
-from vllm_engine import add_engine_arguments, engine_answers  # noqa: E402
+from vllm_engine import add_engine_arguments, answer_engine  # noqa: E402
 
 from hf_dynaspec.targets import PROMPT_FORMATS, load_target  # noqa: E402
 from hf_dynaspec.training.corpus import (  # noqa: E402
@@ -208,29 +208,25 @@ def main() -> None:
     add_engine_arguments(parser)  # stages 2-4 (heldout reads its translations back with transformers)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if args.engine == "vllm":
-        if args.stage == "heldout":
+    if args.stage == "heldout":
+        if args.engine == "vllm":
             raise SystemExit("--engine vllm generates stages 2-4; run heldout with transformers.")
-        tokenizer, engine = engine_answers(args.engine_model)
-        model = None
-    else:
-        model, tokenizer = load_target("gemma3", dtype=torch.bfloat16)
-        if args.stage == "heldout":
-            return heldout(model, tokenizer, args)
-    records, max_new, segment = stage_records(args, tokenizer)
-    if model is not None:  # a segment re-reads its prompt: few, long segments
-        engine = dict(batch_size=args.batch_size, segment=segment)
+        return heldout(*load_target("gemma3", dtype=torch.bfloat16), args)
+    # transformers' segments re-read their prompt: few, long segments (lists are generated in one)
+    segment = 128 if args.stage == "expand" else 96
+    model, tokenizer, engine = answer_engine(args.engine, args.engine_model, args.batch_size, segment)
+    records, max_new = stage_records(args, tokenizer)
     write_answers(model, tokenizer, records, args.corpus, max_new, chat_template=False, stop_repeats=16, **engine)
 
 
-def stage_records(args: argparse.Namespace, tokenizer) -> tuple[list[dict], int, int]:
-    """(records, answer length cap, transformers' segment) of stage 2, 3 or 4."""
+def stage_records(args: argparse.Namespace, tokenizer) -> tuple[list[dict], int]:
+    """(records, answer length cap) of stage 2, 3 or 4."""
     if args.stage == "translate":
-        return translate_records(args.seeds, args.seed), 96, 96
+        return translate_records(args.seeds, args.seed), 96
     if args.stage == "expand":
         rows = read_questions(Path(args.corpus), tokenizer, ("translate",))
-        return list_records(rows, args.lists, args.seed), 128, 128
-    return answer_records(questions_to_answer(args, tokenizer)), args.max_new_tokens, 96
+        return list_records(rows, args.lists, args.seed), 128
+    return answer_records(questions_to_answer(args, tokenizer)), args.max_new_tokens
 
 
 def questions_to_answer(args: argparse.Namespace, tokenizer) -> list[dict]:

@@ -1,4 +1,5 @@
-"""Greedy continuations from vLLM's CPU build for the corpus stages: the `continue_batch` of `write_answers`.
+"""The corpus stages' answer engines: transformers' `generate`, or greedy continuations from vLLM's CPU build
+(the `continue_batch` of `write_answers`), chosen by `--engine` (`answer_engine`).
 
 The corpus answers are generated in segments (`answers_until_loop`: an answer leaves the queue at its end-of-
 sequence token, its length cap, or where it starts repeating itself). transformers' `generate` pads each batch and
@@ -74,6 +75,18 @@ def add_engine_arguments(parser: Any) -> None:
                         help="what generates the answers: vllm runs in vLLM's environment (vllm_engine.py)")
     parser.add_argument("--engine-model", default=ENGINE_MODEL,
                         help="--engine vllm: the target as a Hugging Face folder (benchmarks/serving/save_target.py)")
+
+
+def answer_engine(engine: str, engine_model: str | Path, batch_size: int, segment: int) -> tuple[Any, Any, dict]:
+    """(the target or None, its tokenizer, the `write_answers` keywords) for `--engine`: transformers' `generate`
+    over batches of `batch_size` in segments of `segment` tokens, or vLLM (`engine_answers`)."""
+    if engine == "vllm":
+        tokenizer, options = engine_answers(engine_model)
+        return None, tokenizer, options
+    from hf_dynaspec.targets import load_target
+
+    model, tokenizer = load_target("gemma3", dtype=torch.bfloat16)
+    return model, tokenizer, dict(batch_size=batch_size, segment=segment)
 
 
 def engine_answers(folder: str | Path) -> tuple[Any, dict[str, Any]]:
