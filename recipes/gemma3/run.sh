@@ -14,6 +14,8 @@ cd "$(dirname "$0")/../.."
 RUN=${RUN:-runs/gemma3-ml}
 CORPUS=${CORPUS:-data/corpus/gemma3}
 PROMPTS=${PROMPTS:-12000}  # English prompts (the first corpus; kept fixed, it decides their formats)
+LISTS=${LISTS:-1000}  # question lists per language: the first 400 lists and their answers came to ~0.8M answer
+MAX_QUESTIONS=${MAX_QUESTIONS:-2000}  # tokens (base Gemma answers briefly), short of ~4M in all; more of both
 CLUSTERS=${CLUSTERS:-256}
 K0=${K0:-8}
 K1=${K1:-4}
@@ -37,9 +39,7 @@ source recipes/stage.sh  # stage NAME COMMAND...: timed into $RUN/stages.jsonl
 #    tokens/s here, recipes/gemma3/vllm_engine.py) in its own environment; ENGINE=transformers keeps to this one.
 [ -f data/code_prompts.jsonl ] || stage code-prompts python recipes/gemma3/code_prompts.py
 [ -f data/multilingual_slice.jsonl ] || stage ml-heldout python recipes/gemma3/multilingual.py heldout
-for part in translate expand; do
-    stage "ml-$part" python recipes/gemma3/multilingual.py "$part" --corpus "$CORPUS"
-done
+stage ml-translate python recipes/gemma3/multilingual.py translate --corpus "$CORPUS"
 ENGINE=${ENGINE:-vllm}
 ANSWER_PY=(python)
 if [ "$ENGINE" = vllm ]; then
@@ -48,7 +48,10 @@ if [ "$ENGINE" = vllm ]; then
     ANSWER_PY=(env VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_KVCACHE_SPACE=4 "${VLLM_VENV:-.venv-vllm}/bin/python")
 fi
 ENGINE_ARGS=(--engine "$ENGINE" --engine-model "$ENGINE_MODEL")
-stage ml-answer "${ANSWER_PY[@]}" recipes/gemma3/multilingual.py answer --corpus "$CORPUS" "${ENGINE_ARGS[@]}"
+for part in expand answer; do
+    stage "ml-$part" "${ANSWER_PY[@]}" recipes/gemma3/multilingual.py "$part" --corpus "$CORPUS" \
+        --lists "$LISTS" --max-questions "$MAX_QUESTIONS" "${ENGINE_ARGS[@]}"
+done
 stage corpus "${ANSWER_PY[@]}" recipes/gemma3/build_corpus.py --out "$CORPUS" --max-prompts "$PROMPTS" \
     --prompts data/code_prompts.jsonl "${ENGINE_ARGS[@]}"
 stage corpus-groups python recipes/gemma3/corpus_groups.py --corpus "$CORPUS" \
