@@ -34,7 +34,8 @@ from hf_dynaspec.machine import machine_description
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a source checkout
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig  # noqa: E402
-from hf_dynaspec.bench import load_bench_prompts, write_doc_block  # noqa: E402
+from hf_dynaspec.bench import write_doc_block  # noqa: E402
+from hf_dynaspec.bench_prompts import load_bench_prompts  # noqa: E402
 from hf_dynaspec.evaluation import load as load_module  # noqa: E402
 from hf_dynaspec.targets import encode_prompt, load_target  # noqa: E402
 

@@ -24,9 +24,9 @@ sys.path.insert(0, str(ROOT / "recipes" / "gemma3"))
 
 def records(count: int) -> list[dict]:
     """The answer records (three formats each) of the last questions in the recipe's questions file."""
-    from multilingual import QUESTIONS, answer_records
+    from multilingual import QUESTIONS_NAME, answer_records
 
-    rows = [json.loads(line) for line in (ROOT / QUESTIONS).read_text().splitlines()]
+    rows = [json.loads(line) for line in (ROOT / "data/corpus/gemma3" / QUESTIONS_NAME).read_text().splitlines()]
     return answer_records(rows[-(count // 3 + 1):])[:count]
 
 

@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
-from hf_dynaspec.bench import load_bench_prompts, write_doc_block
+from hf_dynaspec.bench import write_doc_block
+from hf_dynaspec.bench_prompts import load_bench_prompts
 from hf_dynaspec.generation.calibration import measure_walk_head, time_forward
 from hf_dynaspec.generation.verify import crop_cache
 from hf_dynaspec.machine import machine_description

@@ -20,7 +20,7 @@ import time
 import torch
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
-from hf_dynaspec.bench import load_bench_prompts
+from hf_dynaspec.bench_prompts import load_bench_prompts
 from hf_dynaspec.machine import machine_description
 from hf_dynaspec.targets import PROMPT_FORMATS, encode_formatted, load_target
 

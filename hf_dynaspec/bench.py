@@ -47,9 +47,6 @@ METHODS = {
     "context": dict(head_mode="context"),
     "union": dict(head_mode="union"),
 }
-DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "spec_bench" / "question.jsonl"
-
-
 @dataclass
 class Record:
     method: str
@@ -90,29 +87,6 @@ def write_doc_block(path: str | Path, name: str, text: str) -> None:
     doc = path.read_text() if path.is_file() else ""
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
     path.write_text(pattern.sub(lambda _: block, doc) if pattern.search(doc) else doc + "\n" + block + "\n")
-
-
-def load_bench_prompts(path: str | Path | None = None, limit: int | None = None) -> list[dict]:
-    """Records with `question_id`, `category`, `prompt` from a JSONL file (fields `turns` or `prompt`);
-    `limit` keeps the first N prompts of every category."""
-    path = Path(path) if path else DEFAULT_PROMPTS
-    if not path.is_file():
-        raise OSError(f"{path} not found: pass --prompts FILE.jsonl (fields `turns` or `prompt`).")
-    per_category: dict[str, int] = defaultdict(int)
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines()):
-        if not line.strip():
-            continue
-        raw = json.loads(line)
-        prompt = raw["turns"][0] if "turns" in raw else raw.get("prompt")
-        if not prompt:
-            raise ValueError(f"{path}:{i + 1} has neither `turns` nor `prompt`.")
-        category = raw.get("category", "all")
-        if limit is not None and per_category[category] >= limit:
-            continue
-        per_category[category] += 1
-        rows.append({"question_id": str(raw.get("question_id", i)), "category": category, "prompt": prompt})
-    return rows
 
 
 def parse_methods(text: str) -> list[str]:

@@ -28,6 +28,7 @@ import torch
 from huggingface_hub import HfApi
 
 from . import __version__, bench, quality, sharing
+from .bench_prompts import load_bench_prompts
 from .configuration import ARCHITECTURES, eagle3_layer_ids
 from .cpu import is_prepared_for_cpu, prepare_for_cpu
 from .generation_config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecGenerationConfig
@@ -399,7 +400,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     require_drafter(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    prompts = bench.load_bench_prompts(args.prompts, args.limit)
+    prompts = load_bench_prompts(args.prompts, args.limit)
     target, tokenizer, drafter = load_models(args, args.drafter)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     records_path = Path(args.out) / "records.jsonl"

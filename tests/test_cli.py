@@ -100,6 +100,21 @@ def test_method_variants_parse():
     assert method_settings("dynaspec[count_host_reads=true]")["count_host_reads"] is True
 
 
+def test_bench_prompts_per_category(tmp_path):
+    import json
+
+    from hf_dynaspec.bench_prompts import load_bench_prompts
+
+    path = tmp_path / "p.jsonl"
+    rows = [{"category": c, "prompt": f"{c}{i}"} for c in ("zh", "ja") for i in range(3)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n" + json.dumps({"turns": ["t0", "t1"]}) + "\n")
+    assert [r["prompt"] for r in load_bench_prompts(path, limit=2)] == ["zh0", "zh1", "ja0", "ja1", "t0"]
+    assert load_bench_prompts(path)[-1] == {"question_id": "6", "category": "all", "prompt": "t0"}
+    path.write_text(json.dumps({"category": "x"}) + "\n")
+    with pytest.raises(ValueError, match="neither `turns` nor `prompt`"):
+        load_bench_prompts(path)
+
+
 def test_bench_reports_host_reads_of_the_methods_that_count_them(tmp_path):
     import json
 

@@ -48,7 +48,8 @@ def test_every_language_has_a_slice_of_its_own_text():
 
 def test_language_slices_are_held_out_of_the_corpus():
     slice_rows, done = rows("multilingual_slice.jsonl"), corpus_keys()
-    questions = {r["prompt"] for r in rows("multilingual_questions.jsonl")}
+    questions = {r["prompt"] for r in rows("corpus/gemma3/" + multilingual.QUESTIONS_NAME)}
+    assert slice_rows and questions
     for row in slice_rows:
         code = row["category"].removeprefix("lang-")
         assert multilingual.is_reserved(row["seed"]), row["question_id"]

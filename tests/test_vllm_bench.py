@@ -49,10 +49,5 @@ def test_draft_names_are_checked():
             bench.parse_drafts([bad])
 
 
-def test_prompts_per_category_and_base_model_format(tmp_path):
-    path = tmp_path / "p.jsonl"
-    rows = [{"category": c, "prompt": f"{c}{i}"} for c in ("zh", "ja") for i in range(3)]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    assert bench.prompts(path, 10, per_category=2) == ["zh0", "zh1", "ja0", "ja1"]
-    assert bench.prompts(path, 2) == ["zh0", "zh1"]
+def test_base_model_format():
     assert bench.formatted(None, ["Why?"], "qa") == ["Question: Why?\nAnswer:"]

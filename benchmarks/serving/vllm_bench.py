@@ -21,26 +21,12 @@ import sys
 import time
 from pathlib import Path
 
+from hf_dynaspec.bench_prompts import load_bench_prompts
 from hf_dynaspec.machine import machine_description
 from hf_dynaspec.targets import PROMPT_FORMATS
 
 PROMPTS = Path(__file__).resolve().parents[2] / "data" / "tuning_prompts.jsonl"  # held out of every training set
 METRICS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
-
-
-def prompts(path: Path, count: int, per_category: int | None = None) -> list[str]:
-    """The first `count` prompts of a JSON-lines file (a "prompt" or a Spec-Bench "turns" field each); with
-    `per_category`, only the first that many of each "category" count."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    if per_category is not None:
-        seen: dict[str, int] = {}
-        kept = []
-        for row in rows:
-            seen[row.get("category")] = seen.get(row.get("category"), 0) + 1
-            if seen[row.get("category")] <= per_category:
-                kept.append(row)
-        rows = kept
-    return [(r.get("prompt") or r["turns"][0]) for r in rows][:count]
 
 
 def formatted(tokenizer, texts: list[str], prompt_format: str) -> list[str]:
@@ -71,7 +57,7 @@ def run_one(args: argparse.Namespace) -> dict:
                                              "num_speculative_tokens": args.num_drafts}
     llm = LLM(model=args.target, speculative_config=spec, enforce_eager=True, dtype=args.dtype,
               max_model_len=2048, disable_log_stats=False, seed=0)
-    texts = prompts(args.prompts_file, args.prompts, args.per_category)
+    texts = [r["prompt"] for r in load_bench_prompts(args.prompts_file, args.per_category)][: args.prompts]
     chats = formatted(llm.get_tokenizer(), texts, args.prompt_format)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens)
     llm.generate(chats[:1], SamplingParams(temperature=0.0, max_tokens=8))  # warm-up, untimed

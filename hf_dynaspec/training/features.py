@@ -41,11 +41,12 @@ INDEX_NAME = "index.json"
 
 
 @torch.no_grad()
-def forward_features(
-    target, convs: list[CorpusConversation], layer_ids: list[int], dtype: str = "float16"
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """One right-padded batch through the target: per conversation (hidden (L - 1, d), aux (L - 1, k * d)),
-    stored as `dtype`. Causal attention: padding on the right changes no real position."""
+def padded_states(
+    target, convs: list[CorpusConversation], layer_ids: list[int]
+) -> tuple[torch.Tensor, torch.Tensor, list[slice]]:
+    """One right-padded batch through the target: the final normed hidden states (B, W, d), the layers
+    `layer_ids` concatenated (B, W, k * d), and each conversation's featured positions (its first L - 1).
+    Causal attention: padding on the right changes no real position."""
     device = target.get_output_embeddings().weight.device
     width = max(c.input_ids.numel() for c in convs)
     input_ids = torch.zeros(len(convs), width, dtype=torch.long)  # (B, W)
@@ -53,7 +54,14 @@ def forward_features(
         input_ids[row, : conv.input_ids.numel()] = conv.input_ids
     out = target.model(input_ids=input_ids.to(device), output_hidden_states=True, use_cache=False)
     aux = select_hidden_states(out.hidden_states, layer_ids)  # (B, W, k * d)
-    return feature_rows(out.hidden_states[-1], aux, [slice(0, c.input_ids.numel() - 1) for c in convs], dtype)
+    return out.hidden_states[-1], aux, [slice(0, c.input_ids.numel() - 1) for c in convs]
+
+
+def forward_features(
+    target, convs: list[CorpusConversation], layer_ids: list[int], dtype: str = "float16"
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per conversation of one batch (`padded_states`): (hidden (L - 1, d), aux (L - 1, k * d)) stored as `dtype`."""
+    return feature_rows(*padded_states(target, convs, layer_ids), dtype)
 
 
 def batches_by_tokens(convs: list[CorpusConversation], max_tokens: int) -> list[list[int]]:

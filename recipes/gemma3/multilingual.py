@@ -20,7 +20,7 @@ each resumable:
    into the corpus (sources `list-<code>`): a question costs a few tokens there, against a whole few-shot prompt
    in a translation.
 4. `answer`: the questions of stages 2 and 3 that read as the language, deduplicated and never a held-out
-   prompt, go to `data/multilingual_questions.jsonl` and are answered into the corpus three ways: as they are,
+   prompt, go to `<corpus>/multilingual_questions.jsonl` and are answered into the corpus three ways: as they are,
    as "Question: ...\\nAnswer:" and in the language's own question / answer words (sources `plain-<code>`,
    `qa-<code>`, `local-<code>`).
 Answers are greedy and end where they start repeating themselves, as in `build_corpus.py`.
@@ -56,7 +56,7 @@ from hf_dynaspec.training.corpus import (  # noqa: E402
 
 SLICE = Path("data/multilingual_slice.jsonl")
 TUNING = Path("data/tuning_prompts_multilingual.jsonl")  # from reserved seeds too, never the slice's
-QUESTIONS = Path("data/multilingual_questions.jsonl")
+QUESTIONS_NAME = "multilingual_questions.jsonl"  # in the corpus folder: the questions its answers were asked
 LOOPED = re.compile(r"(.{3,}?)\1{2,}")  # a span said three times running: a greedy loop, not a question
 RESERVE_EVERY = 40  # one seed in this many (by hash) is reserved for the held-out slices
 
@@ -231,11 +231,11 @@ def stage_records(args: argparse.Namespace, tokenizer) -> tuple[list[dict], int]
 
 def questions_to_answer(args: argparse.Namespace, tokenizer) -> list[dict]:
     """Stage 4's questions: the expanded lists' questions, at most --max-questions per language, written to
-    QUESTIONS for inspection."""
+    the corpus folder's QUESTIONS_NAME for inspection."""
     rows = read_questions(Path(args.corpus), tokenizer)
     per_language = {c: [r for r in rows if r["language"] == c][: args.max_questions] for c in LANGUAGES}
     rows = [r for c in LANGUAGES for r in per_language[c]]
-    QUESTIONS.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    (Path(args.corpus) / QUESTIONS_NAME).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     print({c: len(v) for c, v in per_language.items()})
     return rows
 

@@ -58,11 +58,12 @@ stage corpus-groups python recipes/gemma3/corpus_groups.py --corpus "$CORPUS" \
     --out benchmarks/results/cpu-gemma3-corpus
 
 # 2. the target's features, one folder per group (languages.GROUPS), so training reports each group's held-out
-#    figures; bfloat16: Gemma's residual stream exceeds float16
+#    figures; stored as bfloat16 (Gemma's residual stream exceeds float16) from a bfloat16 forward, faster than
+#    float32's here at nearly the same labels (benchmarks/results/cpu-gemma3-features-dtype)
 FEATURES=()
 while read -r group pattern; do
-    stage "features-$group" hf-dynaspec features --target gemma3 --corpus "$CORPUS" --sources "$pattern" \
-        --out "$RUN/features/$group" --threads 2 --feature-dtype bfloat16
+    stage "features-$group" hf-dynaspec features --target gemma3 --dtype bfloat16 --corpus "$CORPUS" \
+        --sources "$pattern" --out "$RUN/features/$group" --threads 2 --feature-dtype bfloat16
     FEATURES+=(--data "$RUN/features/$group")
 done < <(python recipes/gemma3/languages.py groups)
 

@@ -21,11 +21,11 @@ from hf_dynaspec.bench import (
     Record,
     Summary,
     headline_table,
-    load_bench_prompts,
     speedup_cell,
     summarize,
     write_doc_block,
 )
+from hf_dynaspec.bench_prompts import load_bench_prompts
 from hf_dynaspec.generation.stats import SpeculativeStats
 from hf_dynaspec.sharing import TREE_TUNING
 

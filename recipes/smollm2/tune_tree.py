@@ -18,13 +18,13 @@ import torch
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.bench import (
-    load_bench_prompts,
     method_settings,
     parse_methods,
     run_bench,
     summarize,
     write_doc_block,
 )
+from hf_dynaspec.bench_prompts import load_bench_prompts
 from hf_dynaspec.generation_config import TREE_FIELDS
 from hf_dynaspec.machine import machine_description
 from hf_dynaspec.sharing import TREE_TUNING
