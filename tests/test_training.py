@@ -28,7 +28,7 @@ from hf_dynaspec.training.corpus import (
     write_answers,
 )
 from hf_dynaspec.training.features import write_features
-from hf_dynaspec.training.trainer import load_checkpoint
+from hf_dynaspec.training.trainer import DenseHead, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["hello there", "hi", "what is two plus two?", "write a haiku"]
@@ -534,12 +534,34 @@ def test_the_targets_head_runs_once_per_batch_whatever_the_unroll(tiny, eagle3_d
     target, _ = tiny
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture="eagle3").bind(target)
     batch = next(length_grouped_batches(load_dataset(eagle3_dataset), 2, 64, torch.Generator().manual_seed(0), pool=1))
-    calls = []
-    dense = drafter.dense_logits
-    drafter.dense_logits = lambda h: calls.append(h.shape[0]) or dense(h)
-    parts = drafter_losses(drafter, batch, 8, 4, True, torch.Generator().manual_seed(1), unroll=3)
+    calls, head = [], DenseHead.of(drafter)
+    parts = drafter_losses(drafter, batch, 8, 4, True, torch.Generator().manual_seed(1), unroll=3,
+                           dense=lambda h: calls.append(h.shape[0]) or head(h))
     assert len(calls) == 4 and len(set(calls)) == 1  # the same scored positions at every step
     assert all(torch.isfinite(parts[k]) for k in ("ce", "router", "regression"))
+
+
+def test_a_head_cast_once_scores_as_autocast_casting_it_per_call(tiny, eagle3_dataset):
+    """Training under bf16 autocast casts the frozen V x d head once (`DenseHead.of(drafter, dtype)`), which
+    must give the very losses and gradients of autocast casting it on every call."""
+    from hf_dynaspec.training.trainer import drafter_losses, length_grouped_batches
+
+    target, _ = tiny
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture="eagle3").bind(target)
+    batch = next(length_grouped_batches(load_dataset(eagle3_dataset), 2, 64, torch.Generator().manual_seed(0), pool=1))
+    once = DenseHead.of(drafter, torch.bfloat16)
+    assert once.weight.dtype == torch.bfloat16 and drafter.bound_head.weight.dtype == torch.float32
+    results = []
+    for dense in (drafter.dense_logits, once):
+        drafter.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            parts = drafter_losses(drafter, batch, 8, 4, True, torch.Generator().manual_seed(1), unroll=2,
+                                   dense=dense)
+        (parts["ce"] + parts["router"]).backward()
+        results.append((parts, drafter.fc.weight.grad.clone()))
+    (per_call, grad_per_call), (cast_once, grad_once) = results
+    assert all(torch.equal(per_call[k], cast_once[k]) for k in ("ce", "router", "regression", "top1"))
+    assert torch.equal(grad_per_call, grad_once)
 
 
 def test_a_batch_no_unrolled_step_can_score_is_refused(tiny, eagle3_dataset):

@@ -176,13 +176,16 @@ def drafter_losses(
     generator: torch.Generator,
     unroll: int = 1,
     unroll_decay: float = 0.8,
+    dense: DenseHead | None = None,
 ) -> dict[str, torch.Tensor]:
     """Regression, CE and router losses of one batch (0-dim tensors, weighted means over the unrolled steps)
     and the batch's top-1 accuracy (step 1).
 
     The LM head runs on `head_positions` positions sampled once per batch among those every step can score
     (valid at the deepest step), so the target's distribution there (the same at every step: h_{j+1} ->
-    x_{j+2}) is computed once, not once per step: at 262k tokens that head is most of a step's cost."""
+    x_{j+2}) is computed once, not once per step: at 262k tokens that head is most of a step's cost. `dense`: the
+    full head to score with (`DenseHead.of`; default: the bound head as it is)."""
+    dense = dense or DenseHead.of(drafter)
     steps = unrolled_steps(drafter, batch, unroll)
     scored = steps[-1][2].nonzero(as_tuple=True)  # positions valid at the deepest step
     if scored[0].numel() == 0:
@@ -192,16 +195,35 @@ def drafter_losses(
         )
     pick = torch.randperm(scored[0].numel(), generator=generator)[:head_positions]
     sel = (scored[0][pick], scored[1][pick])  # (k,) rows and columns of the scored positions
-    targets = head_targets(drafter, batch.target_hidden[sel])
+    targets = head_targets(dense, batch.target_hidden[sel])
     scale = [unroll_decay**s for s in range(len(steps))]
     parts: dict[str, torch.Tensor] = {}
     for weight, (features, router_logits, valid) in zip(scale, steps):
-        step_parts = step_losses(drafter, batch, features, router_logits, valid, sel, targets, router_top_l,
+        step_parts = step_losses(drafter, dense, batch, features, router_logits, valid, sel, targets, router_top_l,
                                  soft_targets)
         parts.setdefault("top1", step_parts.pop("top1"))
         for key, value in step_parts.items():
             parts[key] = parts.get(key, 0) + weight * value / sum(scale)
     return parts
+
+
+@dataclass(frozen=True)
+class DenseHead:
+    """The bound target's full LM head as training scores with it: logits = transform(features @ W^T), W (V, d)
+    cast once to the training dtype. Autocast keeps no cast of a frozen weight (only of leaves that require
+    grad), so under autocast every call would cast all V x d of W again: most of a 262k-token step's copies."""
+
+    weight: torch.Tensor  # (V, d)
+    transform: Any  # the target's logit transform (head.LogitTransform)
+
+    @classmethod
+    def of(cls, drafter, dtype: torch.dtype | None = None) -> DenseHead:
+        head = drafter.bound_head
+        return cls(head.weight if dtype is None else head.weight.to(dtype), head.transform)
+
+    def __call__(self, features: torch.Tensor) -> torch.Tensor:
+        """features (..., d) -> logits (..., V), in the weight's dtype as autocast would compute them."""
+        return self.transform(F.linear(features.to(self.weight.dtype), self.weight))
 
 
 @dataclass
@@ -213,14 +235,15 @@ class HeadTargets:
 
 
 @torch.no_grad()
-def head_targets(drafter, target_hidden: torch.Tensor) -> HeadTargets:
+def head_targets(dense: DenseHead, target_hidden: torch.Tensor) -> HeadTargets:
     """target_hidden (k, d) = h_{j+1} at the scored positions -> the target's distribution for x_{j+2}."""
-    logits = drafter.dense_logits(target_hidden.to(drafter.fc.weight.dtype))  # (k, V)
+    logits = dense(target_hidden)  # (k, V)
     return HeadTargets(logits.softmax(-1), logits.argmax(-1))
 
 
 def step_losses(
     drafter,
+    dense: DenseHead,
     batch: Batch,
     features: torch.Tensor,
     router_logits: torch.Tensor,
@@ -235,7 +258,7 @@ def step_losses(
     valid = valid_mask.nonzero(as_tuple=True)
     feats = features[valid]  # (n, d)
     regression = F.smooth_l1_loss(feats, batch.target_hidden.to(feats.dtype)[valid])
-    logits = drafter.dense_logits(features[sel])  # (k, V)
+    logits = dense(features[sel])  # (k, V)
     if soft_targets:
         ce = -(targets.probs * logits.log_softmax(-1)).sum(-1).mean()
     else:
@@ -392,6 +415,7 @@ def train_drafter(
     generator = torch.Generator().manual_seed(seed + start)
     stream = length_grouped_batches(train, batch_size, seq_len, generator, length_pool)
     drafter.train()
+    dense = DenseHead.of(drafter, autocast_dtype)  # cast once, not per call (`DenseHead`)
     tokens, t0 = 0, time.perf_counter()
     with frozen(target):
         bar = tqdm(range(start, steps), desc="train drafter", unit="step", disable=not progress)
@@ -402,7 +426,7 @@ def train_drafter(
             with torch.autocast(drafter.fc.weight.device.type, dtype=autocast_dtype or torch.bfloat16,
                                 enabled=autocast_dtype is not None):
                 parts = drafter_losses(drafter, batch, head_positions, router_top_l, soft_targets, generator,
-                                       unroll, unroll_decay)
+                                       unroll, unroll_decay, dense)
                 loss = weights.total(parts)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
