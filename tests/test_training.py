@@ -316,6 +316,9 @@ def test_learning_curve_reports_each_data_folder(tiny, eagle3_dataset, tmp_path)
     assert set(groups) == {eagle3_dataset.name, "copy"}
     assert groups["copy"] == groups[eagle3_dataset.name]  # the same conversations, split alike
     assert all(len(g["top1_at_depth"]) == 3 and g["heldout_positions"] > 0 for g in groups.values())
+    overall = result["curve"][-1]  # the groups' position-weighted mean: here twice the same group
+    assert overall["top1_at_depth"] == groups["copy"]["top1_at_depth"]
+    assert overall["heldout_positions"] == 2 * groups["copy"]["heldout_positions"]
 
 
 def test_split_per_folder_is_stable_when_folders_are_added(dataset):

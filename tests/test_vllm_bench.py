@@ -49,5 +49,17 @@ def test_draft_names_are_checked():
             bench.parse_drafts([bad])
 
 
+def test_each_configuration_process_gets_this_runs_settings(tmp_path):
+    args = bench.build_parser().parse_args([
+        "--target", "t", "--out", str(tmp_path), "--draft", "x=/d", "--prompts", "3", "--per-category", "1",
+        "--prompt-format", "qa", "--max-new-tokens", "7", "--batches", "8"])
+    one = bench.build_parser().parse_args(bench.one_arguments(args, "/d", 8, tmp_path / "x-b8.json"))
+    assert one.one and one.draft == "/d" and one.batch == 8 and one.json == tmp_path / "x-b8.json"
+    for field in ("target", "out", "prompts", "per_category", "prompt_format", "max_new_tokens", "num_drafts",
+                  "dtype", "prompts_file"):
+        assert getattr(one, field) == getattr(args, field), field
+    assert bench.build_parser().parse_args(bench.one_arguments(args, None, 1, tmp_path / "p.json")).draft is None
+
+
 def test_base_model_format():
     assert bench.formatted(None, ["Why?"], "qa") == ["Question: Why?\nAnswer:"]

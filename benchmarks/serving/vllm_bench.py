@@ -82,15 +82,19 @@ def run_all(args: argparse.Namespace) -> None:
     for batch in args.batches:
         for name, draft in configs.items():
             out = args.out / f"{name}-b{batch}.json"
-            if out.is_file():
-                continue
-            command = [sys.executable, __file__, "--one", "--target", args.target, "--batch", str(batch),
-                       "--prompts", str(args.prompts), "--max-new-tokens", str(args.max_new_tokens),
-                       "--num-drafts", str(args.num_drafts), "--dtype", args.dtype, "--json", str(out),
-                       "--prompts-file", str(args.prompts_file), "--prompt-format", args.prompt_format]
-            command += ["--per-category", str(args.per_category)] if args.per_category else []
-            command += ["--draft-folder", draft] if draft else []
-            subprocess.run(command, check=True, env=os.environ | {"VLLM_CPU_OMP_THREADS_BIND": args.cpus})
+            if not out.is_file():
+                subprocess.run([sys.executable, __file__, *one_arguments(args, draft, batch, out)], check=True,
+                               env=os.environ | {"VLLM_CPU_OMP_THREADS_BIND": args.cpus})
+
+
+def one_arguments(args: argparse.Namespace, draft: str | None, batch: int, out: Path) -> list[str]:
+    """The command line of one configuration's process (`--one`): this run's settings, one draft, one batch."""
+    command = ["--one", "--out", str(args.out), "--target", args.target, "--batch", str(batch),
+               "--prompts", str(args.prompts), "--max-new-tokens", str(args.max_new_tokens),
+               "--num-drafts", str(args.num_drafts), "--dtype", args.dtype, "--json", str(out),
+               "--prompts-file", str(args.prompts_file), "--prompt-format", args.prompt_format]
+    command += ["--per-category", str(args.per_category)] if args.per_category else []
+    return command + (["--draft-folder", draft] if draft else [])
 
 
 def read_runs(out: Path) -> dict:
@@ -171,7 +175,7 @@ def summarize(out: Path, readme: bool, block: str = "vllm-serving-results") -> s
     return text
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=None, help="the target as a Hugging Face folder")
     parser.add_argument("--draft", dest="draft_models", nargs="+", default=[], metavar="NAME=FOLDER",
@@ -196,7 +200,11 @@ def main() -> None:
     parser.add_argument("--draft-folder", dest="draft", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.one:
         args.json.write_text(json.dumps(run_one(args)))
         return

@@ -503,17 +503,22 @@ def check_same_split(saved: dict[str, Any] | None, sizes: list[int], ckpt: Path)
 
 def curve_point(drafter, heldout: list[Conversation], seq_len: int, step: int, seen: int, unroll: int,
                 positions: int, groups: dict[str, list[Conversation]] | None = None) -> dict[str, Any]:
-    """One learning-curve point: held-out top-1 at draft depths 1..max(unroll, 3) after `step` steps; with
-    several `groups` (data folders), also per group on up to `positions` // 2 positions each."""
-    ev = evaluate_drafter(drafter, heldout, seq_len, max_positions=positions, unroll=max(unroll, 3))
-    point = {"step": step, "positions_seen": seen, "top1_at_depth": [round(v, 4) for v in ev["top1_at_depth"]],
-             "heldout_positions": ev["positions"]}
-    if groups and len(groups) > 1:
-        per_group = {name: evaluate_drafter(drafter, held, seq_len, max_positions=max(1, positions // 2),
-                                            unroll=max(unroll, 3)) for name, held in groups.items() if held}
-        point["by_group"] = {name: {"top1_at_depth": [round(v, 4) for v in g["top1_at_depth"]],
-                                    "heldout_positions": g["positions"]} for name, g in per_group.items()}
-    return point
+    """One learning-curve point: held-out top-1 at draft depths 1..max(unroll, 3) after `step` steps. With several
+    `groups` (data folders), each is evaluated on up to `positions` // 2 of its positions ("by_group") and the
+    overall figure is their position-weighted mean (every group counted, no second pass over the first ones)."""
+    depths = max(unroll, 3)
+    if not groups or len(groups) < 2:
+        ev = evaluate_drafter(drafter, heldout, seq_len, max_positions=positions, unroll=depths)
+        return {"step": step, "positions_seen": seen, "top1_at_depth": [round(v, 4) for v in ev["top1_at_depth"]],
+                "heldout_positions": ev["positions"]}
+    per_group = {name: evaluate_drafter(drafter, held, seq_len, max_positions=max(1, positions // 2), unroll=depths)
+                 for name, held in groups.items() if held}
+    total = max(sum(g["positions"] for g in per_group.values()), 1)
+    overall = [sum(g["top1_at_depth"][d] * g["positions"] for g in per_group.values()) / total for d in range(depths)]
+    return {"step": step, "positions_seen": seen, "top1_at_depth": [round(v, 4) for v in overall],
+            "heldout_positions": total,
+            "by_group": {name: {"top1_at_depth": [round(v, 4) for v in g["top1_at_depth"]],
+                                "heldout_positions": g["positions"]} for name, g in per_group.items()}}
 
 
 def check_data_layers(convs: list[Conversation], layer_ids: list[int]) -> None:
