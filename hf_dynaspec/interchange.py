@@ -345,11 +345,11 @@ def export_tensors(
     blocks = drafter.fc.weight.detach().unflatten(1, (len(order), d))  # (d, 3, d), the drafter's order
     fc = blocks[:, order].flatten(1)  # (d, 3d) in layer order
     head = target.get_output_embeddings().weight.detach()  # (V, d)
-    d2t, t2d = vocabulary_maps(draft_ids, drafter.config.vocab_size)
     tensors = {"fc.weight": fc, "norm.weight": drafter.norm.weight.detach()}
     tensors |= {prefix + name: value.detach() for name, value in drafter.layer.state_dict().items()}
     tensors["lm_head.weight"] = head.index_select(0, draft_ids.to(head.device)).to(dtype)  # (N, d)
-    tensors |= {"d2t": d2t, "t2d": t2d}
+    if draft_ids.numel() < drafter.config.vocab_size:  # every id: no maps (vLLM then has no d2t to load into)
+        tensors |= dict(zip(("d2t", "t2d"), vocabulary_maps(draft_ids, drafter.config.vocab_size)))
     return {name: value.cpu().contiguous() for name, value in tensors.items()}
 
 

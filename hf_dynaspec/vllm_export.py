@@ -72,8 +72,7 @@ def export_vllm_dynaspec(drafter: DynaSpecDrafter, target: PreTrainedModel, out_
     config["dynaspec"] = {"exported_from": "hf_dynaspec", "target_name_or_path": drafter.config.target_name_or_path,
                           **dynaspec_settings(drafter, target)}
     tensors = export_tensors(drafter, target, torch.arange(vocab), LAYER_PREFIX["eagle3"])
-    for name in ("lm_head.weight", "d2t", "t2d"):  # the target's own head is shared; no draft vocabulary
-        tensors.pop(name)
+    tensors.pop("lm_head.weight")  # the target's own head is shared (every id: no d2t / t2d either)
     state = drafter.state_dict()
     tensors |= {name: state[name].detach().cpu().contiguous() for name in (*ROUTER, *CLUSTERS)}
     out = Path(out_dir)
