@@ -239,7 +239,7 @@ Continue = Callable[[list[list[int]], int], list[torch.Tensor]]  # (contexts, st
 
 
 def answers_until_loop(
-    model, prompts: list[list[int]], max_new_tokens: int, batch_size: int, pad_id: int, eos_ids: set[int],
+    model, prompts: list[list[int]], max_new_tokens: int, batch_size: int, pad_id: int | None, eos_ids: set[int],
     span: int, segment: int, on_done: Callable[[int], Any] | None = None, continue_batch: Continue | None = None,
 ) -> list[torch.Tensor]:
     """Greedy answers that end at an end-of-sequence token, at `max_new_tokens`, or where they start repeating a
@@ -247,8 +247,11 @@ def answers_until_loop(
     generated `segment` tokens at a time: a finished answer leaves its batch and a waiting prompt (or an
     unfinished answer, prefilled with what it has) takes its place, so no batch idles until its longest row
     ends. Greedy continuation from a prefix is the same greedy answer. `continue_batch` generates the pieces
-    instead of `model.generate` (`answer_batch`), e.g. a serving engine given a whole shard as one batch."""
+    instead of `model.generate` (`answer_batch`), e.g. a serving engine given a whole shard as one batch (then
+    `pad_id` may be None: the engine pads for itself)."""
     if continue_batch is None:
+        if pad_id is None:
+            raise ValueError("answers_until_loop pads model.generate's batches: pass pad_id, or continue_batch.")
         continue_batch = lambda contexts, steps: answer_batch(model, contexts, steps, pad_id, eos_ids)[0]  # noqa: E731
     answers = [torch.empty(0, dtype=torch.long) for _ in prompts]
     queue = list(range(len(prompts)))
@@ -336,10 +339,9 @@ def write_answers(
     index = read_index(out) or {"version": CORPUS_VERSION, "shards": [], "done": []}
     todo = pending_prompts(tokenizer, records, set(index["done"]), max_prompt_tokens, chat_template)
     order = sorted(todo, key=lambda k: len(todo[k][0]))
+    pad_id = None  # an engine (`continue_batch`) pads for itself
     if continue_batch is None:
         pad_id, eos_ids = pad_token_id(tokenizer, model), eos_token_ids(model)
-    else:
-        pad_id = -1  # the engine pads for itself
     bar = tqdm(total=len(order), desc="answers", unit="prompt", disable=not progress)
     for lo in range(0, len(order), per_shard):
         keys, rows, t0 = order[lo : lo + per_shard], [], time.perf_counter()
