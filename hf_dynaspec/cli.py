@@ -189,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="eagle3: vLLM and SGLang; speculators: vLLM's speculators layout; vllm-dynaspec: vLLM with "
                           "the DynaSpec plugin (the dynamic head; docs/vllm-plugin.md)")
     exp.add_argument("--draft-vocab-size", type=int, default=None,
-                     help="tokens of the static draft vocabulary (the servers run no router); default: "
+                     help="tokens of the static draft vocabulary (the servers run no router); the target's "
+                          "vocabulary size: every id, the full head (no d2t / t2d maps); default: "
                           f"{DEFAULT_DRAFT_VOCAB:,} with --data, else all of the drafter's static shortlist")
     exp.add_argument("--data", action="append", default=None,
                      help="feature folder(s) (`features`): the draft vocabulary = the tokens the drafter's dynamic "
