@@ -579,3 +579,12 @@ def test_a_batch_no_unrolled_step_can_score_is_refused(tiny, eagle3_dataset):
     early[:, 0] = True  # only position 0 counts: step 2 cannot score it
     with pytest.raises(ValueError, match="smaller --unroll"):
         drafter_losses(drafter, replace(batch, valid=early), 8, 4, True, torch.Generator().manual_seed(1), unroll=2)
+
+
+def test_router_labels_mark_the_clusters_of_the_top_tokens_and_of_the_target_token():
+    from hf_dynaspec.training.trainer import router_labels
+
+    cluster_of_token = torch.tensor([0, 0, 1, 2, 3, 3])  # (V,) 4 clusters
+    top = torch.tensor([[0, 2], [5, 4]])  # (k, L) the drafter's best tokens
+    labels = router_labels(cluster_of_token, top, torch.tensor([3, 1]), torch.float32)
+    assert labels.tolist() == [[1, 1, 1, 0], [1, 0, 0, 1]]

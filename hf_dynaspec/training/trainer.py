@@ -263,21 +263,22 @@ def step_losses(
         ce = -(targets.probs * logits.log_softmax(-1)).sum(-1).mean()
     else:
         ce = F.cross_entropy(logits, targets.token)
-    labels = router_labels(drafter.clusters.cluster_of_token, logits.detach(), targets.token, router_top_l)
+    top = logits.detach().topk(min(router_top_l, logits.shape[-1]), dim=-1).indices  # (k, L), best first
+    labels = router_labels(drafter.clusters.cluster_of_token, top, targets.token, logits.dtype)
     router = F.binary_cross_entropy_with_logits(router_logits[sel], labels)
-    top1 = (logits.argmax(-1) == targets.token).float().mean()
+    top1 = (top[:, 0] == targets.token).float().mean()  # the top-L's first: no second pass over V
     return {"regression": regression, "ce": ce, "router": router, "top1": top1.detach()}
 
 
 def router_labels(
-    cluster_of_token: torch.Tensor, logits: torch.Tensor, target_token: torch.Tensor, top_l: int
+    cluster_of_token: torch.Tensor, top: torch.Tensor, target_token: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
-    """(k, M) multi-hot: clusters of the drafter's top-L tokens and of the target's next token."""
+    """(k, M) multi-hot in `dtype`: the clusters of the drafter's top-L tokens `top` (k, L) and of the target's
+    next token (k,)."""
     num_clusters = int(cluster_of_token.max()) + 1
-    cluster_of_token = cluster_of_token.to(logits.device)
-    top = logits.topk(min(top_l, logits.shape[-1]), dim=-1).indices  # (k, L)
+    cluster_of_token = cluster_of_token.to(top.device)
     tokens = torch.cat([top, target_token[:, None]], dim=-1)  # (k, L + 1)
-    labels = torch.zeros(logits.shape[0], num_clusters, dtype=logits.dtype, device=logits.device)
+    labels = torch.zeros(top.shape[0], num_clusters, dtype=dtype, device=top.device)
     return labels.scatter_(-1, cluster_of_token[tokens], 1.0)
 
 
