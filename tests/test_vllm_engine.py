@@ -30,3 +30,22 @@ def test_eos_ids_come_from_the_saved_generation_config_then_the_config(tmp_path)
 def test_outputs_end_with_their_stop_token(ids, reason, stop, expected):
     output = SimpleNamespace(token_ids=ids, finish_reason=reason, stop_reason=stop)
     assert engine.with_eos(output, {1, 106}) == expected
+
+
+def test_the_engine_starts_on_the_first_continuation_only(monkeypatch):
+    """A resumed stage with nothing left to answer never starts vLLM (minutes of start-up per stage)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(SamplingParams=lambda **kw: kw))
+    starts = []
+
+    class Engine:
+        def generate(self, prompts, params, use_tqdm):
+            out = SimpleNamespace(token_ids=[7] * params["max_tokens"], finish_reason="length", stop_reason=None)
+            return [SimpleNamespace(outputs=[out]) for _ in prompts]
+
+    continue_batch = engine.engine_continuation(lambda: starts.append(1) or Engine(), {1})
+    assert starts == []
+    assert [t.tolist() for t in continue_batch([[3], [4, 5]], 2)] == [[7, 7], [7, 7]]
+    continue_batch([[3]], 1)
+    assert starts == [1]

@@ -15,6 +15,7 @@ transformers' greedy one where two tokens nearly tie: both are the target's own 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -44,14 +45,17 @@ def load_engine(folder: str | Path, dtype: str = "bfloat16", max_model_len: int 
                enforce_eager=True)
 
 
-def engine_continuation(llm: Any, eos_ids: set[int]) -> Continue:
+def engine_continuation(load_llm: Callable[[], Any], eos_ids: set[int]) -> Continue:
     """`continue_batch(contexts, steps)`: each context's greedy continuation of at most `steps` tokens, ending with
-    its end-of-sequence token when it stopped at one (as `answer_batch` keeps it)."""
+    its end-of-sequence token when it stopped at one (as `answer_batch` keeps it). The engine is `load_llm()`,
+    started on the first call: a stage with nothing left to answer (a rerun resuming) never starts it."""
     from vllm import SamplingParams
+
+    engine = functools.cache(load_llm)
 
     def continue_batch(contexts: list[list[int]], steps: int) -> list[torch.Tensor]:
         params = SamplingParams(temperature=0.0, max_tokens=steps, stop_token_ids=sorted(eos_ids))
-        outs = llm.generate([{"prompt_token_ids": ids} for ids in contexts], params, use_tqdm=False)
+        outs = engine().generate([{"prompt_token_ids": ids} for ids in contexts], params, use_tqdm=False)
         return [torch.tensor(with_eos(o.outputs[0], eos_ids), dtype=torch.long) for o in outs]
 
     return continue_batch
@@ -95,6 +99,6 @@ def engine_answers(folder: str | Path) -> tuple[Any, dict[str, Any]]:
     from transformers import AutoTokenizer
 
     eos_ids = engine_eos_ids(folder)
-    llm = load_engine(folder)
     return AutoTokenizer.from_pretrained(folder), dict(
-        continue_batch=engine_continuation(llm, eos_ids), eos_ids=eos_ids, batch_size=512, segment=48)
+        continue_batch=engine_continuation(lambda: load_engine(folder), eos_ids), eos_ids=eos_ids, batch_size=512,
+        segment=48)
