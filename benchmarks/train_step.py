@@ -19,14 +19,8 @@ import torch
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.machine import machine_description
 from hf_dynaspec.targets import load_target
-from hf_dynaspec.training.trainer import (
-    DenseHead,
-    LossWeights,
-    drafter_losses,
-    frozen,
-    length_grouped_batches,
-    load_split_groups,
-)
+from hf_dynaspec.training.losses import DenseHead, LossWeights, drafter_losses
+from hf_dynaspec.training.trainer import frozen, length_grouped_batches, load_split_groups
 
 
 def timed_steps(drafter, dense, batches: list, optimizer, args: argparse.Namespace) -> float:

@@ -39,7 +39,8 @@ from .targets import GEMMA3_ALIASES, PROMPT_FORMATS, SMOLLM2_ALIASES, encode_for
 from .training import frequent_tokens, load_prompts, train_drafter
 from .training.corpus import FEATURE_DTYPES, write_answers
 from .training.features import write_features
-from .training.trainer import HELDOUT_EVAL_NAME, LossWeights
+from .training.losses import LossWeights
+from .training.trainer import HELDOUT_EVAL_NAME
 from .vllm_export import export_vllm_dynaspec
 
 DRAFTERS = Path(__file__).resolve().parent.parent / "drafters"
@@ -283,7 +284,13 @@ def _add_train_args(parser: argparse.ArgumentParser) -> None:
                        help="weights of the feature regression, the CE to the target and the router loss "
                             "(default 1 0.5 0.2)")
     parser.add_argument("--head-positions", type=int, default=256,
-                       help="positions per batch whose full-vocabulary logits enter the CE loss at every draft step")
+                       help="positions per batch whose logits enter the CE loss at every draft step")
+    parser.add_argument("--head-vocab", type=int, default=None,
+                       help="score the CE over the training data's N most frequent answer tokens and each position's "
+                            "--head-target-top most likely under the target, not the whole vocabulary (cheaper per "
+                            "position: more --head-positions per step); default: the whole vocabulary")
+    parser.add_argument("--head-target-top", type=int, default=None,
+                       help="with --head-vocab: the target's most likely tokens added per scored position (default 16)")
     parser.add_argument("--length-pool", type=int, default=16,
                        help="batches drawn at once and grouped by length, so they pad little (1: no grouping)")
     parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming from --ckpt-dir")
@@ -526,6 +533,9 @@ def cmd_features(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.head_target_top is not None and args.head_vocab is None:
+        raise ValueError("--head-target-top sets the candidate CE of --head-vocab: pass --head-vocab N too.")
+    candidates = {} if args.head_target_top is None else {"head_target_top": args.head_target_top}
     target, _ = target_from_args(args)
     drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target)
     result = train_drafter(drafter, target, args.data, args.steps, args.lr, args.batch_size, args.seq_len,
@@ -533,11 +543,11 @@ def cmd_train(args: argparse.Namespace) -> int:
                            autocast_dtype=torch.bfloat16 if args.bf16 else None, eval_every=args.eval_every,
                            weights=LossWeights(*args.loss_weights) if args.loss_weights else None,
                            head_positions=args.head_positions, router_only=args.router_only,
-                           length_pool=args.length_pool)
+                           length_pool=args.length_pool, head_vocab=args.head_vocab, **candidates)
     ev = result["eval"]
     settings = {"drafter": str(args.drafter), "data": [str(d) for d in args.data], "steps": args.steps, "lr": args.lr,
                 "unroll": args.unroll, "loss_weights": args.loss_weights, "head_positions": args.head_positions,
-                "length_pool": args.length_pool}
+                "length_pool": args.length_pool, "head_vocab": args.head_vocab, "head_target_top": args.head_target_top}
     (Path(args.ckpt_dir) / HELDOUT_EVAL_NAME).write_text(json.dumps(
         {"step": result["step"], "tokens_per_s": result["tokens_per_s"], "settings": settings, "eval": ev},
         indent=1, default=str) + "\n")

@@ -243,3 +243,9 @@ def test_doc_blocks_are_replaced_appended_or_start_a_new_file(tmp_path):
     write_doc_block(doc, "other", "three")
     text = doc.read_text()
     assert "one" not in text and text.count("<!-- figures:begin -->\ntwo\n") == 1 and "three" in text
+
+
+def test_head_target_top_without_head_vocab_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--head-vocab"):
+        main(["train", "--target", "tiny", "--drafter", str(tmp_path), "--data", str(tmp_path), "--ckpt-dir",
+              str(tmp_path / "ck"), "--steps", "1", "--head-target-top", "4"])

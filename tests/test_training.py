@@ -28,7 +28,8 @@ from hf_dynaspec.training.corpus import (
     write_answers,
 )
 from hf_dynaspec.training.features import write_features
-from hf_dynaspec.training.trainer import DenseHead, load_checkpoint
+from hf_dynaspec.training.losses import DenseHead
+from hf_dynaspec.training.trainer import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["hello there", "hi", "what is two plus two?", "write a haiku"]
@@ -252,7 +253,8 @@ def test_unrolled_steps_match_step_by_step_drafting(tiny, arch_data, depth):
     true features up to j - s + 1, then its own features fed back one position at a time."""
     from transformers import DynamicCache
 
-    from hf_dynaspec.training.trainer import collate, unrolled_steps, window
+    from hf_dynaspec.training.losses import unrolled_steps
+    from hf_dynaspec.training.trainer import collate, window
 
     target, _ = tiny
     arch, dataset = arch_data
@@ -487,7 +489,8 @@ def test_batches_pad_to_their_longest_window_and_padding_changes_no_loss(tiny, e
     (right padding, causal attention), so the losses equal those of a batch padded to the full window."""
     from dataclasses import replace
 
-    from hf_dynaspec.training.trainer import drafter_losses, length_grouped_batches
+    from hf_dynaspec.training.losses import drafter_losses
+    from hf_dynaspec.training.trainer import length_grouped_batches
 
     target, _ = tiny
     convs = load_dataset(eagle3_dataset)
@@ -532,7 +535,8 @@ def test_length_grouped_batches_keep_the_drawn_windows_and_group_them_by_length(
 def test_the_targets_head_runs_once_per_batch_whatever_the_unroll(tiny, eagle3_dataset):
     """The target's distribution at the scored positions is shared by every unrolled step: unroll + 1 head
     calls per batch (one per step for the drafter, one for the target), not 2 x unroll."""
-    from hf_dynaspec.training.trainer import drafter_losses, length_grouped_batches
+    from hf_dynaspec.training.losses import drafter_losses
+    from hf_dynaspec.training.trainer import length_grouped_batches
 
     target, _ = tiny
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture="eagle3").bind(target)
@@ -547,7 +551,8 @@ def test_the_targets_head_runs_once_per_batch_whatever_the_unroll(tiny, eagle3_d
 def test_a_head_cast_once_scores_as_autocast_casting_it_per_call(tiny, eagle3_dataset):
     """Training under bf16 autocast casts the frozen V x d head once (`DenseHead.of(drafter, dtype)`), which
     must give the very losses and gradients of autocast casting it on every call."""
-    from hf_dynaspec.training.trainer import drafter_losses, length_grouped_batches
+    from hf_dynaspec.training.losses import drafter_losses
+    from hf_dynaspec.training.trainer import length_grouped_batches
 
     target, _ = tiny
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture="eagle3").bind(target)
@@ -570,7 +575,8 @@ def test_a_head_cast_once_scores_as_autocast_casting_it_per_call(tiny, eagle3_da
 def test_a_batch_no_unrolled_step_can_score_is_refused(tiny, eagle3_dataset):
     from dataclasses import replace
 
-    from hf_dynaspec.training.trainer import drafter_losses, length_grouped_batches
+    from hf_dynaspec.training.losses import drafter_losses
+    from hf_dynaspec.training.trainer import length_grouped_batches
 
     target, _ = tiny
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture="eagle3").bind(target)
@@ -582,9 +588,53 @@ def test_a_batch_no_unrolled_step_can_score_is_refused(tiny, eagle3_dataset):
 
 
 def test_router_labels_mark_the_clusters_of_the_top_tokens_and_of_the_target_token():
-    from hf_dynaspec.training.trainer import router_labels
+    from hf_dynaspec.training.losses import router_labels
 
     cluster_of_token = torch.tensor([0, 0, 1, 2, 3, 3])  # (V,) 4 clusters
     top = torch.tensor([[0, 2], [5, 4]])  # (k, L) the drafter's best tokens
     labels = router_labels(cluster_of_token, top, torch.tensor([3, 1]), torch.float32)
     assert labels.tolist() == [[1, 1, 1, 0], [1, 0, 0, 1]]
+
+
+def test_candidates_covering_the_vocabulary_score_as_the_full_head(tiny, eagle3_dataset):
+    """The candidate CE over every id is the full-vocabulary CE: same losses, same top-1."""
+    from hf_dynaspec.training.losses import Candidates, drafter_losses
+    from hf_dynaspec.training.trainer import length_grouped_batches
+
+    target, _ = tiny
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture="eagle3").bind(target)
+    batch = next(length_grouped_batches(load_dataset(eagle3_dataset), 2, 64, torch.Generator().manual_seed(0), pool=1))
+    every_id = Candidates(torch.arange(drafter.config.vocab_size), top=4)
+    full, candidate = (drafter_losses(drafter, batch, 8, 4, True, torch.Generator().manual_seed(1), unroll=2,
+                                      candidates=c) for c in (None, every_id))
+    for key in ("ce", "router", "regression", "top1"):
+        torch.testing.assert_close(candidate[key], full[key], msg=key)
+
+
+def test_candidate_columns_hold_the_frequent_ids_and_each_positions_likeliest():
+    from hf_dynaspec.training.losses import Candidates, DenseHead, head_targets
+
+    torch.manual_seed(0)
+    head = DenseHead(torch.randn(50, 8), lambda z: z)  # V = 50
+    hidden = torch.randn(3, 8)
+    logits = head(hidden)  # (3, 50)
+    targets = head_targets(head, hidden, Candidates(torch.tensor([7, 3]), top=4))
+    columns = targets.columns.tolist()
+    expected = {3, 7} | set(logits.topk(4, dim=-1).indices.flatten().tolist())
+    assert columns == sorted(expected)
+    assert torch.equal(targets.vocabulary_ids(targets.token), logits.argmax(-1))
+    torch.testing.assert_close(targets.probs, logits[:, targets.columns].softmax(-1))
+    torch.testing.assert_close(targets.head(hidden), logits[:, targets.columns])
+
+
+def test_training_over_candidates_records_them(tiny, eagle3_dataset, tmp_path):
+    target, _ = tiny
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture="eagle3")
+    train_drafter(drafter, target, eagle3_dataset, steps=2, lr=1e-3, batch_size=2, seq_len=16, ckpt_dir=tmp_path,
+                  progress=False, ckpt_every=1, head_vocab=16, head_target_top=2)
+    state = json.loads((tmp_path / "trainer_state.json").read_text())
+    assert state["head_vocab"] == 16 and state["head_target_top"] == 2
+    with pytest.raises(ValueError, match="head_vocab"):
+        train_drafter(drafter, target, eagle3_dataset, 1, 1e-3, 2, 16, tmp_path / "x", head_vocab=0)
+    with pytest.raises(ValueError, match="head_target_top"):
+        train_drafter(drafter, target, eagle3_dataset, 1, 1e-3, 2, 16, tmp_path / "x", head_vocab=8, head_target_top=0)

@@ -298,9 +298,13 @@ def frequent_tokens(
 ) -> torch.Tensor:
     """The `size` most frequent answer tokens of one or several datasets (the FR-Spec / VocabTrim static
     shortlist), counted on the target's own answers, most frequent first (ties: lower token id first)."""
+    return most_frequent([c for d in as_folders(data_dirs) for c in load_dataset(d)], size, vocab_size)
+
+
+def most_frequent(convs: Iterable[Conversation], size: int, vocab_size: int) -> torch.Tensor:
+    """(size,) the most frequent answer tokens of `convs`, most frequent first (ties: lower token id first)."""
     counts = torch.zeros(vocab_size, dtype=torch.long)  # (V,)
-    for data_dir in as_folders(data_dirs):
-        for conv in load_dataset(data_dir):
-            counts += torch.bincount(conv.input_ids[conv.loss_mask], minlength=vocab_size)[:vocab_size]
+    for conv in convs:
+        counts += torch.bincount(conv.input_ids[conv.loss_mask], minlength=vocab_size)[:vocab_size]
     order = torch.argsort(counts, descending=True, stable=True)  # (V,)
     return order[:size]
