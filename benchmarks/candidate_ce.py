@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--data", nargs="+", required=True, help="feature folders (`hf-dynaspec features`)")
     parser.add_argument("--variant", action="append", required=True, type=parse_variant,
                         help="full:POSITIONS:STEPS or candidates:VOCAB:POSITIONS:STEPS (repeat)")
+    parser.add_argument("--data-note", default="", help="how the feature folders were made (kept in the results)")
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--eval-every", type=int, default=0,
                         help="learning-curve points (their evaluations count in the wall time; 0: final one only)")
@@ -69,8 +70,8 @@ def main() -> None:
     target, _ = load_target(args.target)
     args.out.mkdir(parents=True, exist_ok=True)
     runs = [run_variant(target, args.drafter, args.data, v, args) for v in args.variant]
-    result = {"machine": machine_description(), "drafter": str(args.drafter), "data": args.data, "lr": args.lr,
-              "runs": runs}
+    result = {"machine": machine_description(), "drafter": str(args.drafter), "data": args.data,
+              "data_note": args.data_note, "lr": args.lr, "runs": runs}
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
     (args.out / "results.md").write_text(report(result))
     print(report(result))
@@ -79,7 +80,8 @@ def main() -> None:
 def report(r: dict) -> str:
     lines = [f"Candidate CE against the full-vocabulary CE, each training a copy of `{r['drafter']}` (batch 8 x 256, "
              f"unroll 4, bf16 autocast, lr {r['lr']}) on {', '.join(r['data'])}; held-out top-1 over the whole "
-             f"vocabulary (float32), {r['machine']}. `python benchmarks/candidate_ce.py`", "",
+             f"vocabulary (float32), {r['machine']}. `python benchmarks/candidate_ce.py`",
+             *([f"Data: {r['data_note']}"] if r.get("data_note") else []), "",
              "| variant | steps | minutes (training + final evaluation) | held-out positions | top-1 depth 1 | depth 2 | depth 3 |",
              "|---|---|---|---|---|---|---|"]
     for run in r["runs"]:
