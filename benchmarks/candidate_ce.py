@@ -11,12 +11,12 @@ then every variant is evaluated alike: held-out top-1 over the *whole* vocabular
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from results_io import save_results
 
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.machine import machine_description
@@ -68,13 +68,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target, _ = load_target(args.target)
-    args.out.mkdir(parents=True, exist_ok=True)
     runs = [run_variant(target, args.drafter, args.data, v, args) for v in args.variant]
     result = {"machine": machine_description(), "drafter": str(args.drafter), "data": args.data,
               "data_note": args.data_note, "lr": args.lr, "runs": runs}
-    (args.out / "results.json").write_text(json.dumps(result, indent=1))
-    (args.out / "results.md").write_text(report(result))
-    print(report(result))
+    print(save_results(args.out, result, report))
 
 
 def report(r: dict) -> str:

@@ -16,11 +16,11 @@ corpus's conversations spread over its sources (every --every-th), both forwards
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
+from results_io import save_results
 
 from hf_dynaspec.configuration import eagle3_layer_ids
 from hf_dynaspec.machine import machine_description
@@ -96,10 +96,7 @@ def main() -> None:
         "hidden_relative_error": {n: relative_error(h, exact_hidden) for n, (h, _) in stored.items()},
         "aux_relative_error": {n: relative_error(a, exact_aux) for n, (_, a) in stored.items()},
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(result, indent=1))
-    (args.out / "results.md").write_text(report(result))
-    print(report(result))
+    print(save_results(args.out, result, report))
 
 
 def report(r: dict) -> str:

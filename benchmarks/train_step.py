@@ -11,12 +11,12 @@ on the same batches; scored positions per second beside each.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from results_io import save_results
 
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.machine import machine_description
@@ -88,10 +88,7 @@ def main() -> None:
     settings = {k: v for k, v in vars(args).items() if k != "out"}
     result = {"machine": machine_description(), "settings": settings, "seconds_per_step": seconds,
               "scored_positions": {name: v["positions"] for name, v in runs.items()}}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(result, indent=1))
-    (args.out / "results.md").write_text(report(result))
-    print(report(result))
+    print(save_results(args.out, result, report))
 
 
 def report(r: dict) -> str:
