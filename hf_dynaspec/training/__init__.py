@@ -1,4 +1,5 @@
-"""Training a DynaSpec drafter on CPU: self-distillation data (`data`) and the training loop (`trainer`).
+"""Training a DynaSpec drafter on CPU: self-distillation data (`data`), the losses of a batch (`losses`) and the
+training loop (`trainer`).
 
     python -c "
     import torch; torch.set_num_threads(1)
