@@ -46,7 +46,6 @@ class Batch:
     valid: torch.Tensor  # (B, T) bool: x_{i+2} is an answer token
 
 
-
 def unroll_mask(length: int, step: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """4D additive mask (1, 1, T, step * T) for draft step `step` >= 2 of an unrolled window.
 
