@@ -56,6 +56,7 @@ class Record:
     new_tokens: int
     matches_plain: bool = True
     stats: dict | None = None  # SpeculativeStats.to_dict() of a speculative method (None: plain / transformers')
+    output_ids: list[int] | None = None  # plain's new tokens (every exact method's): analyses reread, not regenerate
 
 
 @dataclass
@@ -205,7 +206,8 @@ def run_bench(
 
 def read_records(path: str | Path) -> list[Record]:
     """The records of a records.jsonl, the latest of each (prompt, method) only: a prompt runs again whole when
-    methods were added to a run (its plain output is not stored), and its new records replace the earlier ones."""
+    methods were added to a run (outputs are checked against plain's of the same run), and its new records replace
+    the earlier ones."""
     lines = [Record(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
     return list({(rec.question_id, rec.method): rec for rec in lines}.values())  # a later record wins
 
@@ -236,7 +238,8 @@ def bench_prompt(
         seconds = statistics.median(t[1] for t in timings)
         plain = seq if method == "plain" else plain
         rec = Record(method, row["category"], row["question_id"], seconds, seq.shape[1] - input_ids.shape[1],
-                     matches_plain=bool(torch.equal(seq, plain)), stats=None if stats is None else stats.to_dict())
+                     matches_plain=bool(torch.equal(seq, plain)), stats=None if stats is None else stats.to_dict(),
+                     output_ids=seq[0, input_ids.shape[1]:].tolist() if method == "plain" else None)
         if not rec.matches_plain:
             tqdm.write(f"MISMATCH: {method} differs from plain greedy on {row['question_id']}")
         out.append(rec)

@@ -100,3 +100,14 @@ def test_missing_runs_and_methods_read_not_measured(runs, tmp_path):
                      {"plain": None, "dynaspec": 0.9, "full": 1.0}, {"plain": 10, "dynaspec": 20, "full": 12})
     found, _ = report.report(bare, None, None, None)
     assert by_name(found)["DynaSpec vs the equal-size static list, language slices"].holds is None
+
+
+def test_root_recall_tables_follow_when_measured(runs):
+    lang, spec, curve = runs
+    assert "Root recall" not in report.report(lang, None, spec, curve)[1]
+    counts = {"next": 0.9, "top1": 0.95, "size": 5000.0}
+    (lang / "root_recall.json").write_text(json.dumps({"meta": {"shortlist_k0": 8}, "categories": {"overall": {
+        "positions": 100, "full head": {"next": 0.5}, "dynaspec": counts, EQUAL: counts | {"next": 0.8}}}}))
+    text = report.report(lang, None, spec, curve)[1]
+    assert "**languages**: Root recall" in text
+    assert "| overall | 100 | 50.0% | 90.0% / 95.0% (5,000) | 80.0% / 95.0% (5,000) |" in text

@@ -3,7 +3,9 @@ slices (`data/multilingual_slice.jsonl`, one category per language), the held-ou
 (`data/code_heldout.jsonl`) and English Spec-Bench, plus the drafter's learning curve (held-out top-1 per data
 folder). Every condition the issue sets, measured against its goal; per-slice tables of accepted length, root
 recall and recovery. Writes `conditions.json` / `conditions.md` into the language run's folder and prints the
-markdown; every figure comes from the runs, a condition whose methods are missing reads "not measured".
+markdown; every figure comes from the runs, a condition whose methods are missing reads "not measured". Where a
+slice's folder holds `root_recall.json` (root_recall.py: recall at every continuation position against the
+target's next token and the drafter's full-head top-1), its table follows.
 
 Methods read (as `hf-dynaspec bench --methods` spells them): `plain`, `dynaspec`, `full`, `static` (32,768 ranked
 tokens), `static[static_size=N]` (the equal-size static list), `context[...]`, `union`, and
@@ -23,6 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import root_recall  # noqa: E402
 from languages import LANGUAGES  # noqa: E402
 from summarize import Condition, by_method, find_method, load_summaries, missing  # noqa: E402
 
@@ -184,6 +187,10 @@ def report(languages: Path, code: Path | None, spec: Path | None, curve: Path | 
     lines += ["", "Accepted length (root recall) per slice and category:", "", slice_table(slices)]
     if per_group:
         lines += ["", f"Held-out top-1 at depth 1 per data folder at the last training point: {per_group}."]
+    for name, folder in (("languages", languages), ("code", code), ("spec-bench", spec)):
+        if folder is not None and (folder / f"{root_recall.NAME}.json").is_file():
+            table = root_recall.markdown(json.loads((folder / f"{root_recall.NAME}.json").read_text()))
+            lines += ["", f"**{name}**: {table}"]
     return found, "\n".join(lines)
 
 

@@ -113,6 +113,12 @@ BENCH=(hf-dynaspec bench --target gemma3 --drafter "$RUN/ckpt" --threads 2 --met
 stage bench-languages "${BENCH[@]}" --prompts data/multilingual_slice.jsonl --prompt-format qa --out "$OUT-languages"
 stage bench-code "${BENCH[@]}" --prompts data/code_heldout.jsonl --prompt-format plain --out "$OUT-code"
 stage bench-spec "${BENCH[@]}" --limit "$LIMIT" --prompt-format qa --out "$OUT-spec-bench"
+# root recall at every position of each slice's plain continuation (the runs' stored outputs): the target's next
+# token and the drafter's full-head top-1, in DynaSpec's shortlist and each static list the run measured
+RECALL=(python recipes/gemma3/root_recall.py --target gemma3 --drafter "$RUN/ckpt" --threads 2)
+stage recall-languages "${RECALL[@]}" --bench "$OUT-languages" --prompts data/multilingual_slice.jsonl --prompt-format qa
+stage recall-code "${RECALL[@]}" --bench "$OUT-code" --prompts data/code_heldout.jsonl --prompt-format plain
+stage recall-spec "${RECALL[@]}" --bench "$OUT-spec-bench" --prompt-format qa
 
 # 8. the report: every condition of the issue, per-slice tables, README block (conditions.md in $OUT-languages)
 stage report python recipes/gemma3/multilingual_report.py --languages "$OUT-languages" --code "$OUT-code" \
