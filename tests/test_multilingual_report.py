@@ -74,7 +74,8 @@ def runs(tmp_path):
 
 def test_conditions_follow_the_figures(runs):
     lang, spec, curve = runs
-    found, text = report.report(lang, None, spec, curve)
+    found, best, text = report.report(lang, None, spec, curve)
+    assert best is None and "Fastest shortlist mode: not measured" in text  # no in-context / union runs
     got = by_name(found)
     assert got["greedy output identical to plain greedy"].holds
     assert got[f"accepted length vs {EQUAL}, language slices together"].holds  # 3.3 / 3.0 = 1.10x
@@ -92,22 +93,37 @@ def test_conditions_follow_the_figures(runs):
 
 def test_missing_runs_and_methods_read_not_measured(runs, tmp_path):
     lang, _, _ = runs
-    found, _ = report.report(lang, None, None, None)
+    found, _, _ = report.report(lang, None, None, None)
     got = by_name(found)
     assert got["Spec-Bench conditions"].holds is None
     assert got["held-out top-1 at depth 1, English positions"].holds is None
     bare = write_run(tmp_path / "bare", ["lang-zh"], {"plain": 1.0, "dynaspec": 2.0, "full": 2.0},
                      {"plain": None, "dynaspec": 0.9, "full": 1.0}, {"plain": 10, "dynaspec": 20, "full": 12})
-    found, _ = report.report(bare, None, None, None)
+    found, _, _ = report.report(bare, None, None, None)
     assert by_name(found)["DynaSpec vs the equal-size static list, language slices"].holds is None
 
 
 def test_root_recall_tables_follow_when_measured(runs):
     lang, spec, curve = runs
-    assert "Root recall" not in report.report(lang, None, spec, curve)[1]
+    assert "Root recall" not in report.report(lang, None, spec, curve)[2]
     counts = {"next": 0.9, "top1": 0.95, "size": 5000.0}
     (lang / "root_recall.json").write_text(json.dumps({"meta": {"shortlist_k0": 8}, "categories": {"overall": {
         "positions": 100, "full head": {"next": 0.5}, "dynaspec": counts, EQUAL: counts | {"next": 0.8}}}}))
-    text = report.report(lang, None, spec, curve)[1]
+    text = report.report(lang, None, spec, curve)[2]
     assert "**languages**: Root recall" in text
     assert "| overall | 100 | 50.0% | 90.0% / 95.0% (5,000) | 80.0% / 95.0% (5,000) |" in text
+
+
+def test_the_fastest_mode_is_pooled_over_every_slice(tmp_path):
+    context = "context[static_size=2048]"
+    modes = {"plain": 1.0, "dynaspec": 3.3, "full": 3.3, EQUAL: 3.0, context: 3.0, "union": 3.5}
+    recall = dict.fromkeys(modes, 0.9) | {"plain": None}
+    speed = dict.fromkeys(modes, 10)  # summaries' tokens/s: the choice reads the records (new tokens / seconds)
+    lang = write_run(tmp_path / "lang", ["lang-zh"], modes, recall, speed)
+    spec = write_run(tmp_path / "spec", ["writing"], modes | {"union": 3.0, "dynaspec": 3.4}, recall, speed)
+    found, best, text = report.report(lang, None, spec, None)
+    assert best == "dynaspec"  # (33 + 34) x 2 tokens in 4 s beats the union's (35 + 30) x 2
+    assert "(tokens/s): `dynaspec` 33.5, `union` 32.5, `context[static_size=2048]` 30.0" in text
+    no_union = write_run(tmp_path / "no-union", ["writing"], {k: v for k, v in modes.items() if k != "union"},
+                         recall, speed)
+    assert report.report(lang, None, no_union, None)[1] is None  # the union did not run on every slice

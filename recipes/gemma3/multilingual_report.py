@@ -139,6 +139,27 @@ def curve_conditions(curve_path: Path | None) -> tuple[list[Condition], str]:
     return [Condition(name, goal, f"{top1:.3f} (step {last['step']:,})", top1 >= 0.55)], per_group
 
 
+def fastest_mode(slices: dict[str, tuple[list[Summary], list[dict]]]) -> tuple[str | None, str]:
+    """The shortlist mode to ship as the default: of router (`dynaspec`), in-context and union, the one with the
+    most tokens/s over every slice's prompts together (new tokens / seconds, pooled), and each mode's figure. None
+    unless all three ran on every slice."""
+    modes: dict[str, list[float]] = {}
+    for summaries, records in slices.values():
+        overall = by_method(summaries)
+        context = find_method(overall, "context") or overall.get("context")
+        for mode in ("dynaspec", "union", context.method if context else None):
+            runs = [r for r in records if r["method"] == mode]
+            if mode is not None and runs:
+                tokens, seconds = modes.setdefault(mode, [0, 0.0])
+                modes[mode] = [tokens + sum(r["new_tokens"] for r in runs), seconds + sum(r["seconds"] for r in runs)]
+    complete = {m: t / s for m, (t, s) in modes.items() if all(any(r["method"] == m for r in rec)
+                                                               for _, rec in slices.values())}
+    if len(complete) < 3:
+        return None, "not measured (router, in-context and union must each run on every slice)"
+    best = max(complete, key=complete.get)
+    return best, ", ".join(f"`{m}` {v:.1f}" for m, v in sorted(complete.items(), key=lambda kv: -kv[1]))
+
+
 def slice_table(slices: dict[str, tuple[list[Summary], list[dict]]]) -> str:
     """Per category of every slice: accepted length and root recall of DynaSpec, the equal-size static list and
     the full head, and DynaSpec's speedup over plain."""
@@ -161,7 +182,9 @@ def slice_table(slices: dict[str, tuple[list[Summary], list[dict]]]) -> str:
     return "\n".join(rows)
 
 
-def report(languages: Path, code: Path | None, spec: Path | None, curve: Path | None) -> tuple[list[Condition], str]:
+def report(languages: Path, code: Path | None, spec: Path | None,
+           curve: Path | None) -> tuple[list[Condition], str | None, str]:
+    """(conditions, the fastest shortlist mode or None, the markdown report)."""
     loaded = {"languages": load_summaries(languages)}
     loaded |= {name: load_summaries(path) for name, path in (("code", code), ("spec-bench", spec)) if path}
     slices = {name: (summaries, payload["records"]) for name, (payload, summaries) in loaded.items()}
@@ -184,6 +207,9 @@ def report(languages: Path, code: Path | None, spec: Path | None, curve: Path | 
              f"{meta['max_new_tokens']} new tokens, on {meta['machine']}.", "",
              "| condition | goal | measured | |", "|---|---|---|---|"]
     lines += [f"| {c.name} | {c.goal} | {c.measured} | {verdict[c.holds]} |" for c in found]
+    best, figures = fastest_mode(slices)
+    lines += ["", f"Fastest shortlist mode over every slice's prompts (tokens/s): {figures}; the shipped default: "
+              f"`{best}`." if best else f"Fastest shortlist mode: {figures}."]
     lines += ["", "Accepted length (root recall) per slice and category:", "", slice_table(slices)]
     if per_group:
         lines += ["", f"Held-out top-1 at depth 1 per data folder at the last training point: {per_group}."]
@@ -191,7 +217,7 @@ def report(languages: Path, code: Path | None, spec: Path | None, curve: Path | 
         if folder is not None and (folder / f"{root_recall.NAME}.json").is_file():
             table = root_recall.markdown(json.loads((folder / f"{root_recall.NAME}.json").read_text()))
             lines += ["", f"**{name}**: {table}"]
-    return found, "\n".join(lines)
+    return found, best, "\n".join(lines)
 
 
 def main() -> None:
@@ -202,10 +228,10 @@ def main() -> None:
     parser.add_argument("--curve", type=Path, default=None, help="curve.json of the drafter's training")
     parser.add_argument("--readme", action="store_true", help=f"also write the README's {README_BLOCK} block")
     args = parser.parse_args()
-    found, text = report(args.languages, args.code, args.spec, args.curve)
+    found, best, text = report(args.languages, args.code, args.spec, args.curve)
     (args.languages / "conditions.md").write_text(text + "\n")
-    (args.languages / "conditions.json").write_text(json.dumps({"conditions": [c.__dict__ for c in found]},
-                                                               indent=1) + "\n")
+    (args.languages / "conditions.json").write_text(json.dumps(
+        {"conditions": [c.__dict__ for c in found], "fastest_mode": best}, indent=1) + "\n")
     if args.readme:
         write_doc_block(ROOT / "README.md", README_BLOCK, text)
     print(text)
