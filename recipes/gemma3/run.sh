@@ -103,29 +103,35 @@ dynaspec[$TREE,shortlist_k0=16,shortlist_k1=4]"
 
 # 7. the comparison, one run per slice, each resumable per prompt and method: plain, DynaSpec, the same tree with
 #    the full head, static lists of DynaSpec's mean size (from the tuning run) and of 32,768 tokens, in-context,
-#    union; DynaSpec and the equal-size static list also without the lookup branch
+#    union; DynaSpec and the equal-size static list also without the lookup branch. It measures the bf16 weights
+#    that will ship, exported beside the run (drafters/gemma-3-270m changes only after the report, stage 8)
+DRAFTER="$RUN/export"
+stage export-weights python recipes/gemma3/export.py --ckpt "$RUN/ckpt" --weights-only --out "$DRAFTER"
 SIZE=$(python -c "import json, sys; t = json.load(open(sys.argv[1])); \
 print(round(next(r['mean_shortlist_size'] for r in t['candidates'] if r['method'] == t['meta']['chosen'])))" \
     "$RUN/ckpt/tree_tuning.json")
 METHODS="plain,dynaspec,full,static[static_size=$SIZE],static,context[static_size=2048],union,\
 dynaspec[lookup_num_tokens=0],static[static_size=$SIZE,lookup_num_tokens=0]"
-BENCH=(hf-dynaspec bench --target gemma3 --drafter "$RUN/ckpt" --threads 2 --methods "$METHODS")
+BENCH=(hf-dynaspec bench --target gemma3 --drafter "$DRAFTER" --threads 2 --methods "$METHODS")
 stage bench-languages "${BENCH[@]}" --prompts data/multilingual_slice.jsonl --prompt-format qa --out "$OUT-languages"
 stage bench-code "${BENCH[@]}" --prompts data/code_heldout.jsonl --prompt-format plain --out "$OUT-code"
 stage bench-spec "${BENCH[@]}" --limit "$LIMIT" --prompt-format qa --out "$OUT-spec-bench"
 # root recall at every position of each slice's plain continuation (the runs' stored outputs): the target's next
 # token and the drafter's full-head top-1, in DynaSpec's shortlist and each static list the run measured
-RECALL=(python recipes/gemma3/root_recall.py --target gemma3 --drafter "$RUN/ckpt" --threads 2)
+RECALL=(python recipes/gemma3/root_recall.py --target gemma3 --drafter "$DRAFTER" --threads 2)
 stage recall-languages "${RECALL[@]}" --bench "$OUT-languages" --prompts data/multilingual_slice.jsonl --prompt-format qa
 stage recall-code "${RECALL[@]}" --bench "$OUT-code" --prompts data/code_heldout.jsonl --prompt-format plain
 stage recall-spec "${RECALL[@]}" --bench "$OUT-spec-bench" --prompt-format qa
 
-# 8. the report: every condition of the issue, per-slice tables, README block (conditions.md in $OUT-languages)
+# 8. the report: every condition of the issue, per-slice tables, the fastest shortlist mode, README block
+#    (conditions.md / .json in $OUT-languages); then the drafter ships with that mode as its default and the card
 stage report python recipes/gemma3/multilingual_report.py --languages "$OUT-languages" --code "$OUT-code" \
     --spec "$OUT-spec-bench" --curve benchmarks/results/cpu-gemma3-ml-train/curve.json --readme
+stage export python recipes/gemma3/export.py --ckpt "$RUN/ckpt" --conditions "$OUT-languages" \
+    --runs "$OUT-languages" "$OUT-code" "$OUT-spec-bench" --head benchmarks/results/cpu-gemma3-270m-head
 
 # 9. served by vLLM (issue #32): the drafter's static exports (32,768 tokens, the whole vocabulary) and the DynaSpec
 #    plugin on the language slice, in vLLM's CPU build (its own environment); skip with SERVING=0
 if [ "${SERVING:-1}" = 1 ]; then
-    stage serving env TARGET=gemma3 DRAFTER="$RUN/ckpt" bash benchmarks/serving/run.sh
+    stage serving env TARGET=gemma3 DRAFTER=drafters/gemma-3-270m bash benchmarks/serving/run.sh
 fi
