@@ -2,7 +2,8 @@
 slices (`data/multilingual_slice.jsonl`, one category per language), the held-out code slice
 (`data/code_heldout.jsonl`) and English Spec-Bench, plus the drafter's learning curve (held-out top-1 per data
 folder). Every condition the issue sets, measured against its goal; per-slice tables of accepted length, root
-recall and recovery. Writes `conditions.json` / `conditions.md` into the language run's folder and prints the
+recall and recovery; the fastest shortlist mode over every slice (`fastest_mode` in conditions.json, the default
+`export.py` ships). Writes `conditions.json` / `conditions.md` into the language run's folder and prints the
 markdown; every figure comes from the runs, a condition whose methods are missing reads "not measured". Where a
 slice's folder holds `root_recall.json` (root_recall.py: recall at every continuation position against the
 target's next token and the drafter's full-head top-1), its table follows.
