@@ -29,7 +29,7 @@ from hf_dynaspec.training.corpus import (
 )
 from hf_dynaspec.training.features import write_features
 from hf_dynaspec.training.losses import DenseHead
-from hf_dynaspec.training.trainer import load_checkpoint
+from hf_dynaspec.training.trainer import evaluate_drafter, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["hello there", "hi", "what is two plus two?", "write a haiku"]
@@ -638,3 +638,24 @@ def test_training_over_candidates_records_them(tiny, eagle3_dataset, tmp_path):
         train_drafter(drafter, target, eagle3_dataset, 1, 1e-3, 2, 16, tmp_path / "x", head_vocab=0)
     with pytest.raises(ValueError, match="head_target_top"):
         train_drafter(drafter, target, eagle3_dataset, 1, 1e-3, 2, 16, tmp_path / "x", head_vocab=8, head_target_top=0)
+
+
+def test_evaluation_with_kept_target_tokens_scores_the_same_and_skips_their_head(tiny, eagle3_dataset):
+    target, _ = tiny
+    torch.manual_seed(0)
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture="eagle3").bind(target).eval()
+    convs = load_dataset(eagle3_dataset)[:6]
+    plain = evaluate_drafter(drafter, convs, seq_len=16, unroll=3)
+    cache: dict = {}
+    calls = []
+    original = drafter.dense_logits
+    drafter.dense_logits = lambda features: calls.append(features.shape[0]) or original(features)
+    try:
+        first = evaluate_drafter(drafter, convs, seq_len=16, unroll=3, gold_cache=cache)
+        per_window = len(calls)
+        calls.clear()
+        second = evaluate_drafter(drafter, convs, seq_len=16, unroll=3, gold_cache=cache)
+    finally:
+        del drafter.dense_logits
+    assert first == second == plain and len(cache) > 0
+    assert len(calls) == per_window - len(cache)  # one head call per window fewer: the target's tokens are kept

@@ -245,6 +245,7 @@ def train_drafter(
     stream = length_grouped_batches(train, batch_size, seq_len, generator, length_pool)
     drafter.train()
     dense = DenseHead.of(drafter, autocast_dtype)  # cast once, not per call (`DenseHead`)
+    gold_cache: dict = {}  # the held-out target tokens: computed at the first curve point, kept for the rest
     tokens, t0 = 0, time.perf_counter()
     with frozen(target):
         bar = tqdm(range(start, steps), desc="train drafter", unit="step", disable=not progress)
@@ -268,7 +269,7 @@ def train_drafter(
             done = step + 1
             if eval_every and (done % eval_every == 0 or done == steps):
                 curve.append(curve_point(drafter, heldout or train[:1], seq_len, done, seen, unroll, eval_positions,
-                                         groups))
+                                         groups, gold_cache))
                 drafter.train()
             if done % ckpt_every == 0 or done == steps:
                 state = _state(done, lr, batch_size, seq_len, history, start, unroll) | {
@@ -332,16 +333,19 @@ def check_same_split(saved: dict[str, Any] | None, sizes: list[int], ckpt: Path)
 
 
 def curve_point(drafter, heldout: list[Conversation], seq_len: int, step: int, seen: int, unroll: int,
-                positions: int, groups: dict[str, list[Conversation]] | None = None) -> dict[str, Any]:
+                positions: int, groups: dict[str, list[Conversation]] | None = None,
+                gold_cache: dict | None = None) -> dict[str, Any]:
     """One learning-curve point: held-out top-1 at draft depths 1..max(unroll, 3) after `step` steps. With several
     `groups` (data folders), each is evaluated on up to `positions` // 2 of its positions ("by_group") and the
-    overall figure is their position-weighted mean (every group counted, no second pass over the first ones)."""
+    overall figure is their position-weighted mean (every group counted, no second pass over the first ones).
+    `gold_cache`: the target's tokens kept between points (`evaluate_drafter`)."""
     depths = max(unroll, 3)
     if not groups or len(groups) < 2:
-        ev = evaluate_drafter(drafter, heldout, seq_len, max_positions=positions, unroll=depths)
+        ev = evaluate_drafter(drafter, heldout, seq_len, max_positions=positions, unroll=depths, gold_cache=gold_cache)
         return {"step": step, "positions_seen": seen, "top1_at_depth": [round(v, 4) for v in ev["top1_at_depth"]],
                 "heldout_positions": ev["positions"]}
-    per_group = {name: evaluate_drafter(drafter, held, seq_len, max_positions=max(1, positions // 2), unroll=depths)
+    per_group = {name: evaluate_drafter(drafter, held, seq_len, max_positions=max(1, positions // 2), unroll=depths,
+                                        gold_cache=gold_cache)
                  for name, held in groups.items() if held}
     total = max(sum(g["positions"] for g in per_group.values()), 1)
     overall = [sum(g["top1_at_depth"][d] * g["positions"] for g in per_group.values()) / total for d in range(depths)]
@@ -367,15 +371,30 @@ def _state(step: int, lr: float, batch_size: int, seq_len: int, history: list[fl
             "last_losses": history[-20:], "started_this_run_at": start}
 
 
+def target_tokens(drafter, batch: Batch, cache: dict | None, key: tuple) -> torch.Tensor:
+    """The target's token at each answer position of a one-window batch (every draft step's positions are among
+    these), -1 elsewhere: (1, T); read from `cache` under `key` when there, stored there when computed."""
+    if cache is not None and key in cache:
+        return cache[key]
+    gold = torch.full_like(batch.input_ids, -1)  # (1, T)
+    answer = batch.target_hidden.to(drafter.fc.weight.dtype)[batch.valid]  # (n, d)
+    gold[batch.valid] = drafter.dense_logits(answer).argmax(-1)
+    if cache is not None:
+        cache[key] = gold
+    return gold
+
+
 @torch.no_grad()
 def evaluate_drafter(
     drafter, convs: list[Conversation], seq_len: int = 512, budgets: tuple[int, ...] | None = None,
-    max_positions: int = 4096, unroll: int = 2,
+    max_positions: int = 4096, unroll: int = 2, gold_cache: dict | None = None,
 ) -> dict[str, Any]:
     """Held-out metrics on answer positions: top-1 agreement of the drafter's full head with the target's
     greedy token ("top1": teacher-forced, as at the first draft position; "top1_at_depth": at draft depth
     1..unroll, the drafter reading its own features as when decoding) and router recall (the target token's
-    cluster among the router's top-k, first draft position) per k."""
+    cluster among the router's top-k, first draft position) per k. The target's tokens (argmax of its stored
+    states through the frozen head) do not change as the drafter trains: a `gold_cache` dict keeps them between
+    calls on the same conversations (a learning curve), keyed by conversation and window."""
     num_clusters = drafter.config.num_clusters
     budgets = budgets or tuple(sorted({k for k in (1, 2, 4, 8, 16, 32, num_clusters) if k <= num_clusters}))
     cluster_of_token = drafter.clusters.cluster_of_token
@@ -386,10 +405,7 @@ def evaluate_drafter(
             batch = collate([window(conv, start, seq_len)])
             if not batch.valid.any():
                 continue
-            # the target's token at each answer position (every step's positions are among these); -1 elsewhere
-            gold_all = torch.full_like(batch.input_ids, -1)  # (1, T)
-            answer = batch.target_hidden.to(drafter.fc.weight.dtype)[batch.valid]  # (n, d)
-            gold_all[batch.valid] = drafter.dense_logits(answer).argmax(-1)
+            gold_all = target_tokens(drafter, batch, gold_cache, (id(conv), start))  # (1, T)
             for depth, (features, router_logits, valid_mask) in enumerate(unrolled_steps(drafter, batch, unroll)):
                 valid = valid_mask.nonzero(as_tuple=True)
                 pred = drafter.dense_logits(features[valid]).argmax(-1)  # (n,)
