@@ -58,13 +58,14 @@ def method_draft_settings(drafter, method: str):
 
 
 def static_sizes(drafter, records) -> dict[str, int]:
-    """{method: static_size} of every static method the bench ran (no size: all the stored tokens)."""
-    sizes = {}
-    for method in sorted({r.method for r in records}):
+    """{method: static_size} of the static lists the bench ran (no size: all the stored tokens), one method per
+    size (the shortest name: `static[static_size=N]` rather than its variant without the lookup branch)."""
+    sizes: dict[int, str] = {}
+    for method in sorted({r.method for r in records}, key=len):
         if method_settings(method) is not None and method_settings(method).get("head_mode") == "static":
-            size = method_draft_settings(drafter, method).static_size
-            sizes[method] = int(size or drafter.bound_head.static_ranking.numel())
-    return sizes
+            size = int(method_draft_settings(drafter, method).static_size or drafter.bound_head.static_ranking.numel())
+            sizes.setdefault(size, method)
+    return {method: size for size, method in sorted(sizes.items())}
 
 
 @torch.no_grad()
@@ -136,7 +137,8 @@ def measure(target, tokenizer, drafter, prompts: list[dict], records, prompt_for
             add_hits(totals[category], hits, next_tokens.numel())
     return {"meta": {"method": method, "shortlist_k0": settings.shortlist_k0, "static_sizes": sizes,
                      "machine": machine_description()},
-            "categories": {category: rates(total) for category, total in sorted(totals.items())}}
+            "categories": {category: rates(totals[category])
+                           for category in sorted(totals, key=lambda c: (c == "overall", c))}}
 
 
 def markdown(result: dict) -> str:
