@@ -63,3 +63,22 @@ def test_each_configuration_process_gets_this_runs_settings(tmp_path):
 
 def test_base_model_format():
     assert bench.formatted(None, ["Why?"], "qa") == ["Question: Why?\nAnswer:"]
+
+
+def test_a_run_is_kept_only_while_its_draft_comes_from_the_same_weights(tmp_path, monkeypatch):
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "source-digest").write_text("aaaa\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    args = bench.build_parser().parse_args(["--target", "t", "--out", str(out), "--draft", f"x={draft}", "--batches", "1"])
+    for name, digest in (("plain", None), ("x", "aaaa")):
+        (out / f"{name}-b1.json").write_text(json.dumps({"meta": META | {"draft_digest": digest}}))
+    ran = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda command, **kw: ran.append(command[command.index("--json") + 1]))
+    bench.run_all(args)
+    assert ran == []  # both measured with these weights: kept
+    (draft / "source-digest").write_text("bbbb\n")  # the drafter was retrained and exported anew
+    bench.run_all(args)
+    assert ran == [str(out / "x-b1.json")]
+    assert bench.draft_digest(str(draft)) == "bbbb" and bench.draft_digest(None) is None

@@ -16,10 +16,14 @@ VENV=${VENV:-.venv-vllm}
 WORK=${WORK:-/tmp/hf-dynaspec-serving}
 VENV="$VENV" bash benchmarks/serving/vllm_env.sh
 .venv/bin/python benchmarks/serving/save_target.py "$TARGET" "$WORK/$TARGET"
-export_draft() {  # NAME ARGS...: one export of $DRAFTER into $WORK/$TARGET-NAME (kept if there)
-    local name=$1; shift
-    [ -f "$WORK/$TARGET-$name/config.json" ] || .venv/bin/hf-dynaspec export "$DRAFTER" "$WORK/$TARGET-$name" \
-        --target "$TARGET" "$@"
+export_draft() {  # NAME ARGS...: one export of $DRAFTER into $WORK/$TARGET-NAME, kept while $DRAFTER's weights are
+    local name=$1 out digest; shift  # the same (a retrained drafter is exported anew)
+    out="$WORK/$TARGET-$name"
+    digest=$(sha256sum "$DRAFTER/model.safetensors" | cut -c1-16)
+    if [ -f "$out/config.json" ] && [ "$(cat "$out/source-digest" 2>/dev/null)" = "$digest" ]; then return; fi
+    rm -rf "$out"
+    .venv/bin/hf-dynaspec export "$DRAFTER" "$out" --target "$TARGET" "$@"
+    echo "$digest" > "$out/source-digest"
 }
 case "$TARGET" in
     smollm2)

@@ -68,21 +68,29 @@ def run_one(args: argparse.Namespace) -> dict:
     metrics = {m.name: m.value for m in llm.get_metrics() if m.name in METRICS}
     meta = {"target": args.target, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
             "num_speculative_tokens": args.num_drafts, "dtype": args.dtype, "draft": args.draft,
+            "draft_digest": draft_digest(args.draft),
             "prompts_file": Path(args.prompts_file).name, "prompt_format": args.prompt_format,
             "per_category": args.per_category, "prompts_run": len(texts),
             "vllm": __import__("vllm").__version__, "machine": machine_description()}
     return {"seconds": seconds, "tokens": tokens, "metrics": metrics, "meta": meta}
 
 
+def draft_digest(folder: str | None) -> str | None:
+    """The digest of the drafter weights a draft folder was exported from (its `source-digest`, written by
+    run.sh), or None."""
+    stamp = None if folder is None else Path(folder) / "source-digest"
+    return stamp.read_text().strip() if stamp is not None and stamp.is_file() else None
+
+
 def run_all(args: argparse.Namespace) -> None:
     """Plain and every draft x batch size, each in a fresh process writing its JSON file into --out (a file
-    already there is kept: rerun to resume)."""
+    already there is kept while its draft comes from the same drafter weights: rerun to resume)."""
     configs = {"plain": None, **parse_drafts(args.draft_models)}
     (args.out / "order.json").write_text(json.dumps(list(configs)))
     for batch in args.batches:
         for name, draft in configs.items():
             out = args.out / f"{name}-b{batch}.json"
-            if not out.is_file():
+            if not out.is_file() or json.loads(out.read_text())["meta"].get("draft_digest") != draft_digest(draft):
                 subprocess.run([sys.executable, __file__, *one_arguments(args, draft, batch, out)], check=True,
                                env=os.environ | {"VLLM_CPU_OMP_THREADS_BIND": args.cpus})
 
