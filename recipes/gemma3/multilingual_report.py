@@ -28,12 +28,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import root_recall  # noqa: E402
 from languages import LANGUAGES  # noqa: E402
-from summarize import Condition, by_method, find_method, load_summaries, missing  # noqa: E402
+from summarize import Condition, by_method, find_method, load_summaries, missing, write_conditions  # noqa: E402
 
-from hf_dynaspec.bench import Summary, write_doc_block  # noqa: E402
+from hf_dynaspec.bench import Summary  # noqa: E402
 from hf_dynaspec.generation.stats import SpeculativeStats  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 README_BLOCK = "gemma3-multilingual-results"
 NON_LATIN = tuple(code for code, spec in LANGUAGES.items() if spec["script"] != "latin")
 ALONE = "dynaspec[lookup_num_tokens=0]"
@@ -230,12 +229,7 @@ def main() -> None:
     parser.add_argument("--readme", action="store_true", help=f"also write the README's {README_BLOCK} block")
     args = parser.parse_args()
     found, best, text = report(args.languages, args.code, args.spec, args.curve)
-    (args.languages / "conditions.md").write_text(text + "\n")
-    (args.languages / "conditions.json").write_text(json.dumps(
-        {"conditions": [c.__dict__ for c in found], "fastest_mode": best}, indent=1) + "\n")
-    if args.readme:
-        write_doc_block(ROOT / "README.md", README_BLOCK, text)
-    print(text)
+    write_conditions(args.languages, found, best, text, README_BLOCK if args.readme else None)
 
 
 if __name__ == "__main__":

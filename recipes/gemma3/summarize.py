@@ -252,11 +252,17 @@ def main() -> None:
     text = markdown(found, best, tables, meta)
     if args.fixed is not None:
         text += "\n\n" + fixed_tree_text(args.fixed)
-    (args.bench / "conditions.md").write_text(text + "\n")
-    (args.bench / "conditions.json").write_text(json.dumps(
+    write_conditions(args.bench, found, best, text, README_BLOCK if args.readme else None)
+
+
+def write_conditions(folder: Path, found: list[Condition], best: str | None, text: str, block: str | None) -> None:
+    """A comparison's report: conditions.md (`text`), conditions.json (the conditions and the fastest shortlist mode,
+    which `export.py` ships as the default), the README's `block` when named; the text printed."""
+    (folder / "conditions.md").write_text(text + "\n")
+    (folder / "conditions.json").write_text(json.dumps(
         {"conditions": [c.__dict__ for c in found], "fastest_mode": best}, indent=1) + "\n")
-    if args.readme:
-        write_doc_block(ROOT / "README.md", README_BLOCK, text)
+    if block is not None:
+        write_doc_block(ROOT / "README.md", block, text)
     print(text)
 
 
