@@ -54,6 +54,8 @@ for part in expand answer; do
 done
 stage corpus "${ANSWER_PY[@]}" recipes/gemma3/build_corpus.py --out "$CORPUS" --max-prompts "$PROMPTS" \
     --prompts data/code_prompts.jsonl "${ENGINE_ARGS[@]}"
+stage corpus-report python recipes/smollm2/corpus_report.py --corpus "$CORPUS" --out benchmarks/results/cpu-gemma3-corpus \
+    --doc recipes/gemma3/training.md
 stage corpus-groups python recipes/gemma3/corpus_groups.py --corpus "$CORPUS" \
     --out benchmarks/results/cpu-gemma3-corpus
 
