@@ -72,7 +72,7 @@ def static_sizes(drafter, records) -> dict[str, int]:
 def root_steps(target, drafter, input_ids: torch.Tensor, prompt_length: int) -> tuple[torch.Tensor, ...]:
     """The drafter's teacher-forced first step at every position that predicts a continuation token:
     (features (n, d), router_logits (n, M), next_tokens (n,)), n = continuation length - 1 (the first new token
-    follows the prompt's last position, whose step reads no token of its own)."""
+    comes from the target's prefill: no root drafts it)."""
     conv = CorpusConversation(input_ids, prompt_length)
     hidden, aux, spans = padded_states(target, [conv], list(drafter.config.feature_layer_ids))
     # position j reads (h_j, x_{j+1}) and predicts x_{j+2}; roots read a new token: x_{j+1} in the continuation
