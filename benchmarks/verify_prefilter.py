@@ -1,0 +1,162 @@
+"""Could greedy verification find the target's top token without reading its whole fp32 LM head? A probe.
+
+For a final hidden state h and head rows w_i (V x d), the logits of bf16-rounded inputs, accumulated in fp32 and
+rounded to bf16, differ from the fp32 logits h . w_i by at most
+
+    b_i = c u ||h|| ||w_i||,   u = 2^-8 (bf16's unit roundoff), c = 3.1
+
+(two rounded factors per product, one rounded output: 3u + O(u^2) of sum_j |h_j w_ij| <= ||h|| ||w_i||, plus fp32
+accumulation, ~d 2^-24 of the same). So the fp32 argmax lies among the candidates {i : a_i + b_i >= max_j (a_j - b_j)}
+and rescoring them in fp32 gives it exactly (up to the fp32 rounding every layout of the head already has): half
+the weight bytes read per verified row, plus the candidates' rows. This script measures, on answer positions of
+stored features (`hf-dynaspec features`: their `hidden` is the target's final normed state), how many candidates
+the bound leaves, that the fp32 argmax is always among them, and the largest realised error as a share of the
+bound; with --timing also the head's milliseconds for r rows: fp32 against the bf16 pass plus the rescoring
+(meaningful only on an otherwise idle machine).
+
+    python benchmarks/verify_prefilter.py --features runs/gemma3-ml/features/en \
+        --out benchmarks/results/cpu-gemma3-verify-prefilter
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_io import save_results  # noqa: E402
+
+from hf_dynaspec.machine import machine_description  # noqa: E402
+from hf_dynaspec.targets import load_target  # noqa: E402
+from hf_dynaspec.training.data import load_dataset  # noqa: E402
+
+UNIT_ROUNDOFF = 2.0**-8  # bfloat16: 8 significant bits
+BOUND_FACTOR = 3.1  # two rounded factors and a rounded output, with room for fp32 accumulation
+
+
+def answer_states(folders: list[Path], count: int, seed: int) -> torch.Tensor:
+    """`count` final hidden states (n, d) fp32 of answer positions drawn at random from feature folders."""
+    rows = []
+    for folder in folders:
+        for conv in load_dataset(folder):
+            rows.append(conv.hidden[conv.loss_mask[1:]])  # states whose next token is an answer token
+    states = torch.cat(rows)  # (N, d)
+    pick = torch.randperm(states.shape[0], generator=torch.Generator().manual_seed(seed))[:count]
+    return states[pick.sort().values].float()  # (n, d)
+
+
+def bounds(hidden: torch.Tensor, row_norms: torch.Tensor) -> torch.Tensor:
+    """b (n, V): the largest |bf16 logit - fp32 logit| the rounding allows."""
+    return BOUND_FACTOR * UNIT_ROUNDOFF * hidden.norm(dim=-1, keepdim=True) * row_norms[None, :]
+
+
+def candidates(approx: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+    """(n, V) bool: the tokens whose fp32 logit may be the largest, given bf16 logits and their bounds."""
+    floor = (approx - bound).max(dim=-1, keepdim=True).values  # (n, 1): the best token's fp32 logit is >= this
+    return approx + bound >= floor
+
+
+def exact_argmax(hidden: torch.Tensor, weight: torch.Tensor, weight_bf16: torch.Tensor,
+                 row_norms: torch.Tensor) -> torch.Tensor:
+    """The fp32 head's argmax (n,) through the bf16 pass and an fp32 rescoring of the candidates."""
+    approx = (hidden.to(torch.bfloat16) @ weight_bf16.T).float()  # (n, V)
+    keep = candidates(approx, bounds(hidden, row_norms))  # (n, V)
+    out = torch.empty(hidden.shape[0], dtype=torch.long)
+    for row in range(hidden.shape[0]):
+        ids = keep[row].nonzero(as_tuple=True)[0]  # (c,) ascending: ties resolve to the lowest id, as argmax does
+        out[row] = ids[(weight.index_select(0, ids) @ hidden[row]).argmax()]
+    return out
+
+
+def measure(hidden: torch.Tensor, weight: torch.Tensor) -> dict:
+    """Candidates per position, the argmax check and the realised error over the bound."""
+    weight_bf16, row_norms = weight.to(torch.bfloat16), weight.norm(dim=-1)
+    counts, inside, worst = [], 0, 0.0
+    for chunk in hidden.split(64):
+        exact = chunk @ weight.T  # (n, V)
+        approx = (chunk.to(torch.bfloat16) @ weight_bf16.T).float()
+        bound = bounds(chunk, row_norms)
+        keep = candidates(approx, bound)
+        counts += keep.sum(-1).tolist()
+        inside += int(keep.gather(1, exact.argmax(-1, keepdim=True)).sum())
+        worst = max(worst, float(((approx - exact).abs() / bound).max()))
+    same = bool((exact_argmax(hidden, weight, weight_bf16, row_norms) == (hidden @ weight.T).argmax(-1)).all())
+    ordered = sorted(counts)
+    return {"positions": len(counts), "argmax_among_candidates": inside, "prefilter_argmax_equals_fp32": same,
+            "largest_error_over_bound": worst, "candidates_mean": statistics.fmean(counts),
+            "candidates_median": statistics.median(counts),
+            "candidates_p90": ordered[int(0.9 * (len(ordered) - 1))],
+            "candidates_p99": ordered[int(0.99 * (len(ordered) - 1))], "candidates_max": ordered[-1]}
+
+
+def timings(hidden: torch.Tensor, weight: torch.Tensor, rows: list[int], repeats: int) -> dict[str, dict]:
+    """Median milliseconds of the fp32 head and of `exact_argmax`, per row count."""
+    weight_bf16, row_norms = weight.to(torch.bfloat16), weight.norm(dim=-1)
+    ways = {"fp32 head": lambda h: h @ weight.T, "bf16 pass + fp32 rescoring": lambda h: exact_argmax(
+        h, weight, weight_bf16, row_norms)}
+    out: dict[str, dict] = {}
+    for name, fn in ways.items():
+        for r in rows:
+            fn(hidden[:r])  # warm-up
+            times = []
+            for i in range(repeats):
+                start = time.perf_counter()
+                fn(hidden[i * r : (i + 1) * r])
+                times.append(time.perf_counter() - start)
+            out.setdefault(name, {})[str(r)] = 1e3 * statistics.median(times)
+    return out
+
+
+def report(result: dict) -> str:
+    m = result["candidates"]
+    lines = [f"bf16 prefilter of the {result['meta']['target']} head ({result['meta']['vocab']:,} x "
+             f"{result['meta']['hidden']}), {m['positions']:,} answer positions of `{result['meta']['features']}`, "
+             f"bound {BOUND_FACTOR} u ||h|| ||w||, on {result['meta']['machine']}. "
+             "`python benchmarks/verify_prefilter.py`", "",
+             "| candidates per position: mean | median | p90 | p99 | max | fp32 argmax among them | "
+             "prefilter argmax = fp32 argmax | largest error / bound |", "|---|---|---|---|---|---|---|---|",
+             f"| {m['candidates_mean']:,.1f} | {m['candidates_median']:,.0f} | {m['candidates_p90']:,} | "
+             f"{m['candidates_p99']:,} | {m['candidates_max']:,} | {m['argmax_among_candidates']} of "
+             f"{m['positions']} | {m['prefilter_argmax_equals_fp32']} | {m['largest_error_over_bound']:.3f} |"]
+    if result.get("timing_ms"):
+        rows = list(next(iter(result["timing_ms"].values())))
+        lines += ["", "| head (ms, median) | " + " | ".join(f"r = {r}" for r in rows) + " |",
+                  "|---" * (len(rows) + 1) + "|"]
+        lines += [f"| {name} | " + " | ".join(f"{t[r]:.1f}" for r in rows) + " |"
+                  for name, t in result["timing_ms"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="gemma3")
+    parser.add_argument("--features", type=Path, nargs="+", required=True, help="feature folders of that target")
+    parser.add_argument("--positions", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timing", action="store_true", help="also time the heads (on an idle machine only)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    target, _ = load_target(args.target)
+    head = target.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise SystemExit("this probe takes a head without bias")
+    weight = head.weight.detach().float()  # (V, d)
+    hidden = answer_states(args.features, args.positions, args.seed)
+    result = {"meta": {"target": args.target, "vocab": weight.shape[0], "hidden": weight.shape[1],
+                       "features": " ".join(map(str, args.features)), "machine": machine_description()},
+              "candidates": measure(hidden, weight)}
+    if args.timing:
+        result["timing_ms"] = timings(hidden, weight, args.rows, repeats=min(9, args.positions // max(args.rows)))
+    print(save_results(args.out, result, report))
+
+
+if __name__ == "__main__":
+    main()
