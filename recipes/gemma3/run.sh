@@ -14,8 +14,8 @@ cd "$(dirname "$0")/../.."
 RUN=${RUN:-runs/gemma3-ml}
 CORPUS=${CORPUS:-data/corpus/gemma3}
 PROMPTS=${PROMPTS:-12000}  # English prompts (the first corpus; kept fixed, it decides their formats)
-LISTS=${LISTS:-1600}  # question lists per language: 1,000 lists and their answers left the corpus at ~4.05M answer
-MAX_QUESTIONS=${MAX_QUESTIONS:-2000}  # tokens with the code (3.39M before it), at the 4M goal with no margin
+LISTS=${LISTS:-1600}  # question lists per language: with 1,000 lists and their answers the corpus came to 3.39M
+MAX_QUESTIONS=${MAX_QUESTIONS:-2000}  # answer tokens, ~4.05M projected with the code: the 4M goal with no margin
 CLUSTERS=${CLUSTERS:-256}
 K0=${K0:-8}
 K1=${K1:-4}
