@@ -61,11 +61,8 @@ def candidates(approx: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
     return approx + bound >= floor
 
 
-def exact_argmax(hidden: torch.Tensor, weight: torch.Tensor, weight_bf16: torch.Tensor,
-                 row_norms: torch.Tensor) -> torch.Tensor:
-    """The fp32 head's argmax (n,) through the bf16 pass and an fp32 rescoring of the candidates."""
-    approx = (hidden.to(torch.bfloat16) @ weight_bf16.T).float()  # (n, V)
-    keep = candidates(approx, bounds(hidden, row_norms))  # (n, V)
+def rescore(hidden: torch.Tensor, weight: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The argmax (n,) of each row's fp32 logits over its candidates `keep` (n, V) only."""
     out = torch.empty(hidden.shape[0], dtype=torch.long)
     for row in range(hidden.shape[0]):
         ids = keep[row].nonzero(as_tuple=True)[0]  # (c,) ascending: ties resolve to the lowest id, as argmax does
@@ -73,19 +70,27 @@ def exact_argmax(hidden: torch.Tensor, weight: torch.Tensor, weight_bf16: torch.
     return out
 
 
+def exact_argmax(hidden: torch.Tensor, weight: torch.Tensor, weight_bf16: torch.Tensor,
+                 row_norms: torch.Tensor) -> torch.Tensor:
+    """The fp32 head's argmax (n,) through the bf16 pass and an fp32 rescoring of the candidates."""
+    approx = (hidden.to(torch.bfloat16) @ weight_bf16.T).float()  # (n, V)
+    return rescore(hidden, weight, candidates(approx, bounds(hidden, row_norms)))
+
+
 def measure(hidden: torch.Tensor, weight: torch.Tensor) -> dict:
     """Candidates per position, the argmax check and the realised error over the bound."""
     weight_bf16, row_norms = weight.to(torch.bfloat16), weight.norm(dim=-1)
-    counts, inside, worst = [], 0, 0.0
+    counts, inside, same, worst = [], 0, True, 0.0
     for chunk in hidden.split(64):
         exact = chunk @ weight.T  # (n, V)
+        best = exact.argmax(-1)  # (n,)
         approx = (chunk.to(torch.bfloat16) @ weight_bf16.T).float()
         bound = bounds(chunk, row_norms)
         keep = candidates(approx, bound)
         counts += keep.sum(-1).tolist()
-        inside += int(keep.gather(1, exact.argmax(-1, keepdim=True)).sum())
+        inside += int(keep.gather(1, best[:, None]).sum())
+        same &= bool((rescore(chunk, weight, keep) == best).all())
         worst = max(worst, float(((approx - exact).abs() / bound).max()))
-    same = bool((exact_argmax(hidden, weight, weight_bf16, row_norms) == (hidden @ weight.T).argmax(-1)).all())
     ordered = sorted(counts)
     return {"positions": len(counts), "argmax_among_candidates": inside, "prefilter_argmax_equals_fp32": same,
             "largest_error_over_bound": worst, "candidates_mean": statistics.fmean(counts),

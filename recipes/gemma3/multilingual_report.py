@@ -28,7 +28,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import root_recall  # noqa: E402
 from languages import LANGUAGES  # noqa: E402
-from summarize import Condition, by_method, find_method, load_summaries, missing, write_conditions  # noqa: E402
+from summarize import (  # noqa: E402
+    Condition,
+    by_method,
+    find_method,
+    load_summaries,
+    missing,
+    shortlist_modes,
+    write_conditions,
+)
 
 from hf_dynaspec.bench import Summary  # noqa: E402
 from hf_dynaspec.generation.stats import SpeculativeStats  # noqa: E402
@@ -143,17 +151,15 @@ def fastest_mode(slices: dict[str, tuple[list[Summary], list[dict]]]) -> tuple[s
     """The shortlist mode to ship as the default: of router (`dynaspec`), in-context and union, the one with the
     most tokens/s over every slice's prompts together (new tokens / seconds, pooled), and each mode's figure. None
     unless all three ran on every slice."""
-    modes: dict[str, list[float]] = {}
+    pooled: dict[str, list[float]] = {}  # method -> [new tokens, seconds, slices that ran it]
     for summaries, records in slices.values():
-        overall = by_method(summaries)
-        context = find_method(overall, "context") or overall.get("context")
-        for mode in ("dynaspec", "union", context.method if context else None):
-            runs = [r for r in records if r["method"] == mode]
-            if mode is not None and runs:
-                tokens, seconds = modes.setdefault(mode, [0, 0.0])
-                modes[mode] = [tokens + sum(r["new_tokens"] for r in runs), seconds + sum(r["seconds"] for r in runs)]
-    complete = {m: t / s for m, (t, s) in modes.items() if all(any(r["method"] == m for r in rec)
-                                                               for _, rec in slices.values())}
+        for summary in shortlist_modes(by_method(summaries)).values():
+            runs = [r for r in records if r["method"] == summary.method]
+            total = pooled.setdefault(summary.method, [0, 0.0, 0])
+            total[0] += sum(r["new_tokens"] for r in runs)
+            total[1] += sum(r["seconds"] for r in runs)
+            total[2] += 1
+    complete = {m: tokens / seconds for m, (tokens, seconds, ran) in pooled.items() if ran == len(slices)}
     if len(complete) < 3:
         return None, "not measured (router, in-context and union must each run on every slice)"
     best = max(complete, key=complete.get)

@@ -62,7 +62,7 @@ def static_sizes(drafter, records) -> dict[str, int]:
     size (the shortest name: `static[static_size=N]` rather than its variant without the lookup branch)."""
     sizes: dict[int, str] = {}
     for method in sorted({r.method for r in records}, key=len):
-        if method_settings(method) is not None and method_settings(method).get("head_mode") == "static":
+        if (method_settings(method) or {}).get("head_mode") == "static":
             size = int(method_draft_settings(drafter, method).static_size or drafter.bound_head.static_ranking.numel())
             sizes.setdefault(size, method)
     return {method: size for size, method in sorted(sizes.items())}
@@ -86,8 +86,8 @@ def root_steps(target, drafter, input_ids: torch.Tensor, prompt_length: int) -> 
 
 
 def in_shortlist(head_output, vocab_size: int, tokens: torch.Tensor) -> torch.Tensor:
-    """(n,) bool: is tokens[i] among position i's finite shortlist columns."""
-    return head_output.to_vocab(vocab_size).gather(1, tokens[:, None])[:, 0].isfinite()
+    """(n, k) bool: is tokens[i, j] among position i's finite shortlist columns."""
+    return head_output.to_vocab(vocab_size).gather(1, tokens).isfinite()
 
 
 def prompt_hits(drafter, features, router_logits, next_tokens, k0: int, sizes: dict[str, int]) -> dict[str, dict]:
@@ -97,9 +97,11 @@ def prompt_hits(drafter, features, router_logits, next_tokens, k0: int, sizes: d
     top1 = drafter.dense_logits(features).argmax(-1)  # (n,)
     outputs = {"dynaspec": head.logits(features, "dynamic", router_logits, k0)}
     outputs |= {method: head.logits(features, "static", static_size=size) for method, size in sizes.items()}
-    hits = {name: {"next": int(in_shortlist(out, vocab, next_tokens).sum()),
-                   "top1": int(in_shortlist(out, vocab, top1).sum()),
-                   "size": float(out.shortlist_sizes.float().sum())} for name, out in outputs.items()}
+    asked = torch.stack([next_tokens, top1], dim=1)  # (n, 2)
+    hits = {}
+    for name, out in outputs.items():
+        inside = in_shortlist(out, vocab, asked).sum(0)  # (2,)
+        hits[name] = {"next": int(inside[0]), "top1": int(inside[1]), "size": float(out.shortlist_sizes.float().sum())}
     hits["full head"] = {"next": int((top1 == next_tokens).sum())}  # top-1 agreement, not a shortlist
     return hits
 

@@ -117,12 +117,17 @@ def recovery_condition(overall: dict[str, Summary], vocab: int) -> Condition:
                      recovery >= 0.98 and share <= 0.05)
 
 
-def mode_conditions(overall: dict[str, Summary]) -> tuple[list[Condition], str | None]:
-    """The union against its two parts, and the fastest shortlist mode (the one to make the default)."""
+def shortlist_modes(overall: dict[str, Summary]) -> dict[str, Summary]:
+    """The run's shortlist modes a drafter can ship as its default: {"dynaspec", "union", "context"} -> summary,
+    the in-context one under whatever static size it ran with; the modes that did not run are absent."""
     modes = {m: overall[m] for m in ("dynaspec", "union") if m in overall}
     context = find_method(overall, "context") or overall.get("context")
-    if context is not None:
-        modes["context"] = context
+    return modes | ({"context": context} if context is not None else {})
+
+
+def mode_conditions(overall: dict[str, Summary]) -> tuple[list[Condition], str | None]:
+    """The union against its two parts, and the fastest shortlist mode (the one to make the default)."""
+    modes = shortlist_modes(overall)
     if len(modes) < 3:
         return [missing("union vs the better of router and in-context", "accepted length >=",
                         "dynaspec / context / union")], None
