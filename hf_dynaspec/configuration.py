@@ -9,6 +9,8 @@ vocabulary clustering and the router, and the shortlist budget schedule over dra
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
@@ -263,6 +265,7 @@ class DynaSpecConfig(PretrainedConfig):
     @classmethod
     def from_target_config(cls, target_config: PretrainedConfig, **kwargs: Any) -> DynaSpecConfig:
         """Build a drafter config for a target (its text config), with drafter settings from `kwargs`."""
+        check_setting_names(kwargs, cls.__init__, from_target=_FROM_TARGET)
         text_config = target_config.get_text_config()
         fields = {k: v for k, v in text_config.to_dict().items() if k not in _DROPPED_TARGET_KEYS}
         eos = text_config.eos_token_id if text_config.eos_token_id is not None else []
@@ -281,6 +284,27 @@ class DynaSpecConfig(PretrainedConfig):
             target_model_type=text_config.model_type,
             target_config=fields,
             **kwargs,
+        )
+
+
+_FROM_TARGET = ("vocab_size", "hidden_size", "target_model_type", "target_config")  # from_target_config's own
+
+
+def check_setting_names(settings: dict[str, Any], init: Any, from_target: tuple[str, ...] = ()) -> None:
+    """Raise `ValueError` naming each setting that `init` (a config's `__init__`) does not declare, or that is
+    read `from_target`, with the closest declared name: PretrainedConfig would otherwise keep a misspelt drafter
+    setting as a stray attribute."""
+    skipped = ("self", "kwargs", *from_target)
+    declared = [name for name in inspect.signature(init).parameters if name not in skipped]
+    unknown = sorted(set(settings) - set(declared))
+    if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, declared, n=1)
+            hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ValueError(
+            f"Unknown drafter setting(s) {', '.join(hints)}. Known: {', '.join(declared)}"
+            + (f" ({', '.join(from_target)} come from the target)." if from_target else ".")
         )
 
 

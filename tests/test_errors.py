@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import prompt, tiny_target
 
-from hf_dynaspec import DynaSpecConfig, DynaSpecGenerationConfig
+from hf_dynaspec import DynaSpecConfig, DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.generation_config import DEFAULT_SETTINGS, resolve_draft_settings
 
 
@@ -35,6 +35,15 @@ def test_drafter_for_another_target_is_refused(drafter):
 def test_impossible_generation_config_values(field, value):
     with pytest.raises(ValueError, match=field):
         DynaSpecGenerationConfig(**{field: value})
+
+
+def test_misspelt_drafter_setting_is_refused(target):
+    with pytest.raises(ValueError, match="'shortlist_schedul' \\(did you mean 'shortlist_schedule'\\?\\)"):
+        DynaSpecDrafter.from_target(target, num_clusters=8, shortlist_schedul="linear")
+    with pytest.raises(ValueError, match="'vocab_size'.*come from the target"):
+        DynaSpecDrafter.from_target(target, num_clusters=8, vocab_size=64)
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8, shortlist_k0=4, cluster_iters=2)
+    assert drafter.config.shortlist_k0 == 4
 
 
 def test_shortlist_budget_above_cluster_count(target, drafter):
