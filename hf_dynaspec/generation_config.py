@@ -46,6 +46,7 @@ SPEC_FIELDS = (
     "count_host_reads",
     "tree_growth",
     "draft_graphs",
+    "verify_head",
     "device_trees",
 )
 # The fields that size the draft tree: what `device_trees` may set per device type.
@@ -55,11 +56,12 @@ DEFAULT_SETTINGS = dict(
     tree_policy="eagle2", num_draft_nodes=12, draft_depth=5, draft_top_k=4, head_mode="dynamic", min_draft_prob=0.0,
     lookup_num_tokens=8, lookup_max_ngram=3, lookup_min_ngram=1, verify_costs="off", static_size=None,
     draft_gate=False, synchronize_timers=False, shortlist_layout="auto", count_host_reads=False,
-    tree_growth="auto", draft_graphs="auto",
+    tree_growth="auto", draft_graphs="auto", verify_head="auto",
 )
 SHORTLIST_LAYOUTS = ("auto", *LAYOUTS)
 TREE_GROWTHS = ("auto", "host", "device")
 DRAFT_GRAPHS = ("auto", "on", "off")
+VERIFY_HEADS = ("auto", "full", "rows", "columns", "prefilter")  # "auto" and the walk layouts are CPU paths
 GRAPH_DEVICE_TYPES = ("cuda",)  # where draft steps can be captured as graphs (`generation.graphs`)
 GRAPH_HEAD_MODES = ("dynamic", "static", "full")  # the heads whose shapes stay fixed from one step to the next
 # Per device type, over DEFAULT_SETTINGS: the tree with the best modelled speed from measured GPU costs and
@@ -115,6 +117,12 @@ class DynaSpecGenerationConfig(GenerationConfig):
             shape (`generation.graphs`; a capture that fails runs eagerly, with the reason logged): "on", "off"
             or "auto" ("on" where it applies: CUDA, `tree_growth="device"`, an "eagle2" or "chain" tree, head
             "dynamic" with the "lanes" layout, "static" or "full"). Same drafts either way.
+        verify_head (`str`): how verification applies the target's LM head: "full" (every node's logits in the
+            verification pass), "rows" / "columns" (only along the walk, the rows the walk reaches, in the
+            head's own or a transposed layout), "prefilter" (greedy without logits processors or kept scores
+            only: each walk row's exact argmax from a bf16 copy of the head and an fp32 rescoring of the tokens
+            its error bound leaves, `generation.prefilter`) or "auto" (on CPU the fastest here of those the
+            call can use, timed once per target; "full" elsewhere). Same output either way.
         count_host_reads (`bool`): count the reads of device values on the host in each decoding step (each is a
             GPU synchronisation), ours and the target forward's apart, into `speculative_stats` (slows decoding:
             every tensor operation is intercepted; for profiling).
@@ -144,6 +152,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         count_host_reads: bool | None = None,
         tree_growth: str | None = None,
         draft_graphs: str | None = None,
+        verify_head: str | None = None,
         device_trees: dict[str, dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -166,6 +175,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         self.count_host_reads = count_host_reads
         self.tree_growth = tree_growth
         self.draft_graphs = draft_graphs
+        self.verify_head = verify_head
         self.device_trees = device_trees
         super().__init__(**kwargs)
 
@@ -211,12 +221,13 @@ class DraftSettings:
     count_host_reads: bool
     tree_growth: str  # "host" or "device" ("auto" is resolved per device)
     draft_graphs: str  # "on" or "off" ("auto" is resolved per device and settings)
+    verify_head: str  # resolved at prefill, where the call's sampling and logits processors are known
 
 
 def check_speculative_fields(fields: dict[str, Any]) -> None:
     """Raise `ValueError` naming the field and the valid range for impossible values."""
     choices = {"tree_policy": TREE_POLICIES, "head_mode": HEAD_MODES, "shortlist_layout": SHORTLIST_LAYOUTS,
-               "tree_growth": TREE_GROWTHS, "draft_graphs": DRAFT_GRAPHS}
+               "tree_growth": TREE_GROWTHS, "draft_graphs": DRAFT_GRAPHS, "verify_head": VERIFY_HEADS}
     ranges = {
         "num_draft_nodes": (1, 1024),
         "draft_depth": (1, 64),

@@ -53,7 +53,7 @@ def test_both_logit_paths_are_exact(target, drafter, walk_logits, layout, monkey
 
     monkeypatch.setattr(WalkHead, "reproduces", lambda *args: walk_logits)
     # rows past the second: on demand
-    monkeypatch.setattr(decoding, "measure_walk_head", lambda target: WalkHead.of(target, 2, layout))
+    monkeypatch.setattr(decoding, "measure_walk_head", lambda target, layouts: WalkHead.of(target, 2, layout))
     monkeypatch.setattr(verify.NodeLogits, "row", counting_row)
     ids = prompt(7, seed=4)
     config = DynaSpecGenerationConfig(tree_policy="eagle2", num_draft_nodes=10, draft_depth=4, draft_top_k=3,

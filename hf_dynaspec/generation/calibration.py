@@ -25,7 +25,7 @@ from ..generation_config import DraftSettings
 from ..masks import target_masks
 from .cost import VerifyCosts
 from .verify import crop_cache
-from .walk_head import LAYOUTS, WalkHead, choose_walk_head
+from .walk_head import GREEDY_LAYOUTS, LAYOUTS, WalkHead, choose_walk_head
 
 CALIBRATION_CONTEXT = 128  # cached tokens under the timed forwards (the cost barely moves with context)
 CALIBRATION_REPEATS = 3  # median of this many timed forwards per size
@@ -39,26 +39,32 @@ _WALK_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -
 
 @torch.no_grad()
 def measure_walk_head(target: torch.nn.Module, max_rows: int = MAX_WALK_ROWS, repeats: int = 5,
-                      walk: int = EXPECTED_WALK, columns_margin: float = COLUMNS_MARGIN) -> WalkHead:
-    """The target's head in the layout, and with the rows at once, that make a walk of `walk` rows cheapest
-    here (median timings of 1..max_rows rows in each layout; `walk_head.choose_walk_head`). Memoised per
-    target, setting and head weights (an in-place update of the weights measures anew: the "columns" copy would
-    be stale)."""
+                      walk: int = EXPECTED_WALK, columns_margin: float = COLUMNS_MARGIN,
+                      layouts: tuple[str, ...] = ("rows", "columns")) -> WalkHead:
+    """The target's head in the layout of `layouts`, and with the rows at once, that make a walk of `walk` rows
+    cheapest here (median timings of 1..max_rows rows in each layout, of its logits or, "prefilter", its greedy
+    picks; `walk_head.choose_walk_head`). Memoised per target, setting and head weights (an in-place update of
+    the weights measures anew: a layout's copy would be stale)."""
+    unknown = [layout for layout in layouts if layout not in LAYOUTS]
+    if unknown or not layouts:
+        raise ValueError(f"layouts must be some of {LAYOUTS}, got {layouts!r}.")
     weight = target.get_output_embeddings().weight
-    key = (max_rows, walk, columns_margin, str(target.device), target.dtype, torch.get_num_threads(),
-           weight.data_ptr(), weight._version)
+    key = (max_rows, walk, columns_margin, tuple(layouts), str(target.device), target.dtype,
+           torch.get_num_threads(), weight.data_ptr(), weight._version)
     memo = _WALK_HEADS.setdefault(target, {})
     if key not in memo:
-        memo.clear()  # an older key may hold a stale copy of the weights
+        if any(old[-2:] != key[-2:] for old in memo):
+            memo.clear()  # an older key may hold a stale copy of the weights
         hidden = torch.randn(max_rows, weight.shape[1], device=target.device, dtype=weight.dtype)
-        heads = {layout: WalkHead.of(target, layout=layout) for layout in LAYOUTS}
+        heads = {layout: WalkHead.of(target, layout=layout) for layout in layouts}
         seconds = {}
         for layout, head in heads.items():
-            head(hidden)  # warm-up
-            seconds[layout] = tuple(_median_seconds(lambda r=r, h=head: h(hidden[:r]), repeats, target.device)
+            apply = head.argmax if layout in GREEDY_LAYOUTS else head
+            apply(hidden)  # warm-up
+            seconds[layout] = tuple(_median_seconds(lambda r=r, f=apply: f(hidden[:r]), repeats, target.device)
                                     for r in range(1, max_rows + 1))
         layout, rows = choose_walk_head(seconds, walk, columns_margin)
-        memo[key] = dataclasses.replace(heads[layout], rows=rows, seconds=seconds)  # the other layout's copy goes
+        memo[key] = dataclasses.replace(heads[layout], rows=rows, seconds=seconds)  # the other layouts' copies go
     return memo[key]
 
 
@@ -98,7 +104,7 @@ def time_forward(
         out = target(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
                      output_hidden_states=True, **keep)
         if walk_head is not None:
-            walk_head.walk_logits(out, rows)  # (r, V): the walk rows, as verify_forward reads them
+            walk_head.walk(out, rows)  # the walk rows' logits or picks, as verify_forward reads them
 
     return _median_seconds(forward, repeats, device, after=lambda: crop_cache(cache, context))  # drop the n tokens
 

@@ -26,11 +26,13 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 from ..generation_config import resolve_draft_settings
+from ..head import LogitTransform
 from ..modeling import DynaSpecDrafter
 from ..target_states import hidden_state_request, select_hidden_states
 from .calibration import measure_walk_head, verify_costs_for
 from .candidates import DynaSpecCandidateGenerator
 from .gate import DraftGate
+from .prefilter import unsupported_reason
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
 from .syncs import HostSyncCounter
 from .verify import (
@@ -122,7 +124,7 @@ def speculative_decode(
         keep_scores=keep_scores,
     )
     with torch.no_grad():
-        features, next_tokens = prefill(target, run, drafter.config.feature_layer_ids)
+        features, next_tokens = prefill(target, run, drafter.config.feature_layer_ids, settings.verify_head)
         if not run.finished:
             costs = verify_costs_for(settings, target, run.walk_head)
             generator = DynaSpecCandidateGenerator(drafter, settings, run.stats, costs,
@@ -163,10 +165,11 @@ def counting_host_reads(target: torch.nn.Module, stats: SpeculativeStats, enable
         stats.target_host_reads += inner.total
 
 
-def prefill(target: torch.nn.Module, run: _Run, feature_layers: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target over the prompt -> first token (the target's own choice). Returns what the drafter reads next:
-    the prompt's features (L, k * d) (hidden states `feature_layers`; position i predicts x_{i+1}) and the
-    tokens after them (L,)."""
+def prefill(target: torch.nn.Module, run: _Run, feature_layers: list[int], verify_head: str = "auto"
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target over the prompt -> first token (the target's own choice); sets how verification applies the LM head
+    (`verify_head`, see `walk_head_for`). Returns what the drafter reads next: the prompt's features (L, k * d)
+    (hidden states `feature_layers`; position i predicts x_{i+1}) and the tokens after them (L,)."""
     prompt = run.input_ids
     run.token_list = prompt[0].tolist()  # the host copy drafting reads (the lookup branch, the root)
     with run.stats.timer("prefill", target.device):
@@ -174,18 +177,53 @@ def prefill(target: torch.nn.Module, run: _Run, feature_layers: list[int]) -> tu
         keep = hidden_state_request(target.config, feature_layers)  # only the layers read, not all of them
         out = target(input_ids=prompt, cache=run.cache, use_cache=True, output_hidden_states=keep, **last_only)
         raw = out.logits[:, -1].float()  # (1, V)
-        # On CPU the LM head's cost grows with its rows: apply it only along the walk when that is exact, in the
-        # layout and with the rows at once that are cheapest here (measured once per target); a target whose
-        # logits the head does not reproduce (unknown post-processing) verifies with full logits
-        walk_path = bool(last_only) and target.device.type == "cpu" and target.get_output_embeddings() is not None
-        walk_head = measure_walk_head(target) if walk_path else None
+        greedy_only = not run.generation_config.do_sample and not len(run.logits_processor) and not run.keep_scores
         hidden = out.hidden_states[-1][0, -1:]  # (1, d)
-        run.walk_head = walk_head if walk_head is not None and walk_head.reproduces(hidden, raw) else None
+        run.walk_head = walk_head_for(target, verify_head, greedy_only, hidden, raw)
         scores = run.logits_processor(run.full_ids(), raw.clone()) if len(run.logits_processor) else raw
         token = choose_token(scores[0], run.generation_config.do_sample)
         run.emit([token], [scores], [raw])
     features = select_hidden_states(out.hidden_states, feature_layers)[0]  # (L, k * d)
     return features, torch.cat([prompt[0, 1:], prompt.new_tensor([token])])  # (L, k * d), (L,) x_{i+1}
+
+
+def walk_head_for(target: torch.nn.Module, wanted: str, greedy_only: bool, hidden: torch.Tensor, raw: torch.Tensor
+                  ) -> WalkHead | None:
+    """How verification applies the target's LM head (None: every node's logits in the verification pass).
+
+    On CPU the head's cost grows with its rows: "auto" applies it only along the walk, in the layout and with the
+    rows at once that are cheapest here (measured once per target), the greedy-only "prefilter" among them when
+    `greedy_only` (no sampling, logits processors or kept scores) and the head qualifies; a target whose logits
+    its head does not reproduce from the final hidden state (1, d) (`raw` (1, V): unknown post-processing)
+    verifies with full logits. A named layout is used as asked, or refused with the reason."""
+    if wanted == "full":
+        return None
+    head = target.get_output_embeddings()
+    walk_path = target.device.type == "cpu" and head is not None and target._supports_logits_to_keep()
+    transform = LogitTransform.of(target.config)
+    prefilter_blocker = None if greedy_only else (
+        "it gives greedy picks only: do_sample=False with no logits processors (such as repetition_penalty) and "
+        "no output_scores / output_logits")
+    if head is not None and prefilter_blocker is None:
+        prefilter_blocker = unsupported_reason(head, transform.scale, transform.softcap)
+    if wanted == "auto":
+        if not walk_path:
+            return None
+        layouts = ("rows", "columns") + (("prefilter",) if prefilter_blocker is None else ())
+    elif not walk_path:
+        raise ValueError(f"verify_head={wanted!r} applies the LM head along the walk, for a CPU target whose model "
+                         f"takes `logits_to_keep`; this one runs on {target.device.type!r}. Use 'auto' or 'full'.")
+    elif wanted == "prefilter" and prefilter_blocker is not None:
+        raise ValueError(f"verify_head='prefilter' cannot apply: {prefilter_blocker}. Use 'auto' or another layout.")
+    else:
+        layouts = (wanted,)
+    walk_head = measure_walk_head(target, layouts=layouts)
+    if walk_head.reproduces(hidden, raw):
+        return walk_head
+    if wanted != "auto":
+        raise ValueError(f"verify_head={wanted!r}: this target's logits are not its LM head's output (post-processing"
+                         " the walk head does not know). Use 'full' or 'auto'.")
+    return None
 
 
 def speculative_step(

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -29,7 +30,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from ..masks import target_masks
 from ..target_states import hidden_state_request, select_hidden_states
 from .tree import VerifyTree
-from .walk_head import WalkHead
+from .walk_head import GREEDY_LAYOUTS, WalkHead
 
 
 @dataclass
@@ -48,13 +49,15 @@ class NodeLogits:
     """Raw target logits at tree nodes, each (1, V) fp32: every row of `full` (n, V) when the verification pass
     computed them all; else precomputed `rows`, the rest made on demand by `head` (the target's output
     embedding, then its logit transform: scaling, soft-capping) from `hidden` (n, d), the final (normed) hidden
-    states."""
+    states. `picks`: greedy picks (token ids) known per node, made on demand by `choice` (the "prefilter" head
+    makes picks without logits)."""
 
     hidden: torch.Tensor | None
     head: WalkHead | None
     rows: dict[int, torch.Tensor]
 
     full: torch.Tensor | None = None  # (n, V) when every row was computed in the verification pass
+    picks: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def from_tensor(cls, logits: torch.Tensor) -> NodeLogits:
@@ -64,6 +67,15 @@ class NodeLogits:
     def argmax_all(self) -> list[int] | None:
         """Every node's argmax, read on the host in one transfer (None when rows are made on demand)."""
         return None if self.full is None else self.full.argmax(dim=-1).tolist()
+
+    def choice(self, node: int) -> int:
+        """The target's greedy pick at `node` (argmax of its raw logits)."""
+        if node not in self.picks:
+            if self.head is not None and self.head.layout in GREEDY_LAYOUTS:  # picks without logits
+                self.picks[node] = int(self.head.argmax(self.hidden[node : node + 1])[0])
+            else:
+                self.picks[node] = int(self.row(node).argmax())
+        return self.picks[node]
 
     def row(self, node: int) -> torch.Tensor:
         if node not in self.rows:
@@ -111,9 +123,8 @@ def verify_forward(
     )
     features = select_hidden_states(out.hidden_states, list(feature_layers))[0]  # (n, k * d)
     if walk_head is not None:
-        made = walk_head.walk_logits(out, rows)  # (r, V)
-        known = {node: made[i : i + 1] for i, node in enumerate(rows)}  # each (1, V)
-        return NodeLogits(out.hidden_states[-1][0], walk_head, known), features  # hidden (n, d): the head's input
+        known, picks = walk_head.walk(out, rows)  # each (1, V), or greedy picks ("prefilter")
+        return NodeLogits(out.hidden_states[-1][0], walk_head, known, picks=picks), features  # hidden (n, d)
     return NodeLogits.from_tensor(out.logits[0]), features
 
 
@@ -133,10 +144,9 @@ def walk_tree(
     """
     if isinstance(logits, torch.Tensor):
         logits = NodeLogits.from_tensor(logits)
-    if not do_sample and not len(logits_processor) and not keep_scores:
-        choices = logits.argmax_all()  # plain greedy: every node's pick in one host read
-        if choices is not None:
-            return _greedy_walk(tree, choices)
+    if not do_sample and not len(logits_processor) and not keep_scores:  # plain greedy: picks, no logits needed
+        choices = logits.argmax_all()  # every node's pick in one host read when all rows were computed
+        return _greedy_walk(tree, logits.choice if choices is None else choices.__getitem__)
     result = WalkResult(path=[0], new_tokens=[])
     node = 0
     while True:
@@ -161,12 +171,12 @@ def walk_tree(
         result.path.append(node)
 
 
-def _greedy_walk(tree: VerifyTree, choices: list[int]) -> WalkResult:
-    """The greedy walk from each node's target argmax `choices` (n,): follow the child drafting it."""
+def _greedy_walk(tree: VerifyTree, choice: Callable[[int], int]) -> WalkResult:
+    """The greedy walk from each node's target argmax `choice(node)`: follow the child drafting it."""
     result = WalkResult(path=[0], new_tokens=[])
     node = 0
     while True:
-        token = choices[node]
+        token = choice(node)
         result.new_tokens.append(token)
         match = [c for c in tree.children[node] if tree.token_list[c] == token]
         if not match:
