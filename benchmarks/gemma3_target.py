@@ -25,6 +25,7 @@ from hf_dynaspec.bench import write_doc_block
 from hf_dynaspec.bench_prompts import load_bench_prompts
 from hf_dynaspec.generation.calibration import measure_walk_head, time_forward
 from hf_dynaspec.generation.verify import crop_cache
+from hf_dynaspec.generation.walk_head import LAYOUTS
 from hf_dynaspec.machine import machine_description
 from hf_dynaspec.targets import load_target
 
@@ -98,10 +99,10 @@ def costs(target, drafter, context: int = 512) -> dict:
     runs on CPU), the drafter layer over one position, and the drafter's head per mode and row count."""
     cache = DynamicCache()
     target(input_ids=torch.randint(0, 1000, (1, context)), cache=cache, use_cache=True)
-    walk_head = measure_walk_head(target)
+    walk_head = measure_walk_head(target, layouts=LAYOUTS)  # as plain greedy verifies: the prefilter among them
     out = {"target_forward_ms": {n: 1e3 * time_forward(target, cache, context, n, 5, walk_head=walk_head)
                                  for n in (1, 2, 4, 8, 16)}}
-    # the target's own head as verification applies it: ms for 1..8 rows in each weight layout, and the choice
+    # the target's own head as greedy verification applies it: ms for 1..8 rows in each layout, and the choice
     out["walk_head"] = {"layout": walk_head.layout, "rows": walk_head.rows,
                         "ms": {layout: [round(1e3 * t, 2) for t in times] for layout, times in walk_head.seconds.items()}}
     d = drafter.config.hidden_size
@@ -155,7 +156,8 @@ def markdown(results: dict) -> str:
     if "walk_head" in c:  # the target's own head as verification applies it (`calibration.measure_walk_head`)
         walk = c["walk_head"]
         rows = range(1, len(next(iter(walk["ms"].values()))) + 1)
-        lines += ["", f"Target LM head on the verification walk, ms per call of r rows (chosen here: "
+        lines += ["", f"Target LM head on the greedy verification walk, ms per call of r rows (prefilter: picks "
+                  f"only, `generation/prefilter.py`; chosen here: "
                   f"{walk['layout']} layout, {walk['rows']} rows at once):", "",
                   "| layout | " + " | ".join(f"r = {r}" for r in rows) + " |", "|---|" + "---|" * len(rows),
                   *(f"| {layout} | " + " | ".join(f"{v:.1f}" for v in ms) + " |" for layout, ms in walk["ms"].items())]

@@ -7,7 +7,8 @@
   its chain of best children, r nodes; r and the head's weight layout measured on this machine by
   `calibration.measure_walk_head`: on CPU a few rows often cost one, since BLAS streams the head's weights once
   for them); `NodeLogits` applies the same head to any other node's final hidden state when the walk reaches it. So a step pays for about one head pass instead of n rows (on CPU the head is ~20%
-  of SmolLM2's weights and its cost grows with rows).
+  of SmolLM2's weights and its cost grows with rows). Plain greedy may take the "prefilter" head, which gives
+  each walk row's exact pick without its logits (`prefilter.py`).
 - `walk_tree`: from the root, the target picks the next token with the user's logits processors applied to
   its logits at that node (greedy: argmax; sampling: see `_sample_child`), and the walk follows the child
   drafting that token. The last pick is the bonus token. So the output is the target's own choice at every
