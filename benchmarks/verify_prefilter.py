@@ -1,18 +1,10 @@
-"""Could greedy verification find the target's top token without reading its whole fp32 LM head? A probe.
+"""How many tokens does greedy verification's bf16 prefilter (`hf_dynaspec/generation/prefilter.py`, the maths
+there) leave to rescore on a real target's answer positions, and is its pick always the fp32 argmax?
 
-For a final hidden state h and head rows w_i (V x d), the logits of bf16-rounded inputs, accumulated in fp32 and
-rounded to bf16, differ from the fp32 logits h . w_i by at most
-
-    b_i = c u ||h|| ||w_i||,   u = 2^-8 (bf16's unit roundoff), c = 3.1
-
-(two rounded factors per product, one rounded output: 3u + O(u^2) of sum_j |h_j w_ij| <= ||h|| ||w_i||, plus fp32
-accumulation, ~d 2^-24 of the same). So the fp32 argmax lies among the candidates {i : a_i + b_i >= max_j (a_j - b_j)}
-and rescoring them in fp32 gives it exactly (up to the fp32 rounding every layout of the head already has): half
-the weight bytes read per verified row, plus the candidates' rows. This script measures, on answer positions of
-stored features (`hf-dynaspec features`: their `hidden` is the target's final normed state), how many candidates
-the bound leaves, that the fp32 argmax is always among them, and the largest realised error as a share of the
-bound; with --timing also the head's milliseconds for r rows: fp32 against the bf16 pass plus the rescoring
-(meaningful only on an otherwise idle machine).
+It measures, on answer positions of stored features (`hf-dynaspec features`: their `hidden` is the target's
+final normed state), how many candidates the bound leaves, that the fp32 argmax is always among them, and the
+largest realised error as a share of the bound; with --timing also the head's milliseconds for r rows: fp32
+against the prefilter's picks (meaningful only on an otherwise idle machine).
 
     python benchmarks/verify_prefilter.py --features runs/gemma3-ml/features/en \
         --out benchmarks/results/cpu-gemma3-verify-prefilter
@@ -31,12 +23,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import save_results  # noqa: E402
 
+from hf_dynaspec.generation.prefilter import BOUND_FACTOR, Prefilter, bounds  # noqa: E402
 from hf_dynaspec.machine import machine_description  # noqa: E402
 from hf_dynaspec.targets import load_target  # noqa: E402
 from hf_dynaspec.training.data import load_dataset  # noqa: E402
-
-UNIT_ROUNDOFF = 2.0**-8  # bfloat16: 8 significant bits
-BOUND_FACTOR = 3.1  # two rounded factors and a rounded output, with room for fp32 accumulation
 
 
 def answer_states(folders: list[Path], count: int, seed: int) -> torch.Tensor:
@@ -50,47 +40,19 @@ def answer_states(folders: list[Path], count: int, seed: int) -> torch.Tensor:
     return states[pick.sort().values].float()  # (n, d)
 
 
-def bounds(hidden: torch.Tensor, row_norms: torch.Tensor) -> torch.Tensor:
-    """b (n, V): the largest |bf16 logit - fp32 logit| the rounding allows."""
-    return BOUND_FACTOR * UNIT_ROUNDOFF * hidden.norm(dim=-1, keepdim=True) * row_norms[None, :]
-
-
-def candidates(approx: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
-    """(n, V) bool: the tokens whose fp32 logit may be the largest, given bf16 logits and their bounds."""
-    floor = (approx - bound).max(dim=-1, keepdim=True).values  # (n, 1): the best token's fp32 logit is >= this
-    return approx + bound >= floor
-
-
-def rescore(hidden: torch.Tensor, weight: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """The argmax (n,) of each row's fp32 logits over its candidates `keep` (n, V) only."""
-    out = torch.empty(hidden.shape[0], dtype=torch.long)
-    for row in range(hidden.shape[0]):
-        ids = keep[row].nonzero(as_tuple=True)[0]  # (c,) ascending: ties resolve to the lowest id, as argmax does
-        out[row] = ids[(weight.index_select(0, ids) @ hidden[row]).argmax()]
-    return out
-
-
-def exact_argmax(hidden: torch.Tensor, weight: torch.Tensor, weight_bf16: torch.Tensor,
-                 row_norms: torch.Tensor) -> torch.Tensor:
-    """The fp32 head's argmax (n,) through the bf16 pass and an fp32 rescoring of the candidates."""
-    approx = (hidden.to(torch.bfloat16) @ weight_bf16.T).float()  # (n, V)
-    return rescore(hidden, weight, candidates(approx, bounds(hidden, row_norms)))
-
-
 def measure(hidden: torch.Tensor, weight: torch.Tensor) -> dict:
-    """Candidates per position, the argmax check and the realised error over the bound."""
-    weight_bf16, row_norms = weight.to(torch.bfloat16), weight.norm(dim=-1)
+    """Candidates per position, the argmax check (against the correctly rounded fp32 logits, computed in fp64)
+    and the realised error over the bound."""
+    prefilter = Prefilter.of(weight)
     counts, inside, same, worst = [], 0, True, 0.0
     for chunk in hidden.split(64):
-        exact = chunk @ weight.T  # (n, V)
-        best = exact.argmax(-1)  # (n,)
-        approx = (chunk.to(torch.bfloat16) @ weight_bf16.T).float()
-        bound = bounds(chunk, row_norms)
-        keep = candidates(approx, bound)
+        exact = chunk.double() @ weight.double().T  # (n, V)
+        best = exact.float().argmax(-1)  # (n,)
+        keep, approx = prefilter.candidates(chunk)
         counts += keep.sum(-1).tolist()
         inside += int(keep.gather(1, best[:, None]).sum())
-        same &= bool((rescore(chunk, weight, keep) == best).all())
-        worst = max(worst, float(((approx - exact).abs() / bound).max()))
+        same &= bool((prefilter.argmax(chunk) == best).all())
+        worst = max(worst, float(((approx.double() - exact).abs() / bounds(chunk, prefilter.row_norms)).max()))
     ordered = sorted(counts)
     return {"positions": len(counts), "argmax_among_candidates": inside, "prefilter_argmax_equals_fp32": same,
             "largest_error_over_bound": worst, "candidates_mean": statistics.fmean(counts),
@@ -100,10 +62,9 @@ def measure(hidden: torch.Tensor, weight: torch.Tensor) -> dict:
 
 
 def timings(hidden: torch.Tensor, weight: torch.Tensor, rows: list[int], repeats: int) -> dict[str, dict]:
-    """Median milliseconds of the fp32 head and of `exact_argmax`, per row count."""
-    weight_bf16, row_norms = weight.to(torch.bfloat16), weight.norm(dim=-1)
-    ways = {"fp32 head": lambda h: h @ weight.T, "bf16 pass + fp32 rescoring": lambda h: exact_argmax(
-        h, weight, weight_bf16, row_norms)}
+    """Median milliseconds of the fp32 head and of the prefilter's picks, per row count."""
+    prefilter = Prefilter.of(weight)
+    ways = {"fp32 head": lambda h: h @ weight.T, "bf16 pass + rescoring (prefilter)": prefilter.argmax}
     out: dict[str, dict] = {}
     for name, fn in ways.items():
         for r in rows:
@@ -121,7 +82,7 @@ def report(result: dict) -> str:
     m = result["candidates"]
     lines = [f"bf16 prefilter of the {result['meta']['target']} head ({result['meta']['vocab']:,} x "
              f"{result['meta']['hidden']}), {m['positions']:,} answer positions of `{result['meta']['features']}`, "
-             f"bound {BOUND_FACTOR} u ||h|| ||w||, on {result['meta']['machine']}. "
+             f"bound {BOUND_FACTOR} u ||h|| ||w|| (`hf_dynaspec/generation/prefilter.py`), on {result['meta']['machine']}. "
              "`python benchmarks/verify_prefilter.py`", "",
              "| candidates per position: mean | median | p90 | p99 | max | fp32 argmax among them | "
              "prefilter argmax = fp32 argmax | largest error / bound |", "|---|---|---|---|---|---|---|---|",
