@@ -45,6 +45,7 @@ def test_bf16_error_stays_within_the_bound(scale):
     exact = hidden.double() @ weight.double().T
     ratio = (approx.double() - exact).abs() / bounds(hidden, weight.norm(dim=-1)).double()
     assert float(ratio.max()) < 0.5
+    assert Prefilter.of(weight).error_over_bound(hidden) == pytest.approx(float(ratio.max()), rel=0.05)
 
 
 def test_candidates_are_few_when_the_winner_is_clear():
@@ -122,3 +123,14 @@ def test_named_layout_is_measured_alone(target, monkeypatch):
     assert head.layout == "prefilter" and list(head.seconds) == ["prefilter"]
     with pytest.raises(ValueError, match="layouts must be some of"):
         calibration.measure_walk_head(target, layouts=("diagonal",))
+
+
+def test_a_bf16_gemm_beyond_the_bound_keeps_the_prefilter_out(target, monkeypatch):
+    from hf_dynaspec.generation import prefilter
+
+    monkeypatch.setattr(calibration, "_WALK_HEADS", calibration.weakref.WeakKeyDictionary())
+    monkeypatch.setattr(prefilter.Prefilter, "error_over_bound", lambda self, hidden: 0.7)
+    head = calibration.measure_walk_head(target, max_rows=2, repeats=1, layouts=("rows", "prefilter"))
+    assert head.layout == "rows" and list(head.seconds) == ["rows"]
+    with pytest.raises(ValueError, match="errs beyond the bound"):
+        calibration.measure_walk_head(target, max_rows=2, repeats=1, layouts=("prefilter",))

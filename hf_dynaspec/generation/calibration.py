@@ -32,6 +32,7 @@ CALIBRATION_REPEATS = 3  # median of this many timed forwards per size
 MAX_MEASURED = 32  # sizes timed by "auto"; beyond, c grows by its last step
 MAX_WALK_ROWS = 8
 EXPECTED_WALK = 3  # rows a step's walk reads (accepted drafts + bonus token), the prior behind the rows at once
+PREFILTER_SAFETY = 0.5  # the prefilter is used where its bf16 error reaches at most half its bound (prefilter.py)
 COLUMNS_MARGIN = 0.9  # the "columns" layout's weight copy must make the walk at least 10% cheaper
 _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {setting: costs}
 _WALK_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {setting: WalkHead}
@@ -57,6 +58,11 @@ def measure_walk_head(target: torch.nn.Module, max_rows: int = MAX_WALK_ROWS, re
             memo.clear()  # an older key may hold a stale copy of the weights
         hidden = torch.randn(max_rows, weight.shape[1], device=target.device, dtype=weight.dtype)
         heads = {layout: WalkHead.of(target, layout=layout) for layout in layouts}
+        if "prefilter" in heads and heads["prefilter"].prefilter.error_over_bound(hidden) >= PREFILTER_SAFETY:
+            if len(heads) == 1:
+                raise ValueError("verify_head='prefilter': this machine's bf16 GEMM errs beyond the bound the "
+                                 "prefilter's exactness rests on (not fp32 accumulation?). Use 'auto'.")
+            del heads["prefilter"]  # not exact here: left out
         seconds = {}
         for layout, head in heads.items():
             apply = head.argmax if layout in GREEDY_LAYOUTS else head
