@@ -106,7 +106,8 @@ dynaspec[$TREE,shortlist_k0=16,shortlist_k1=4]"
 # 7. the comparison, one run per slice, each resumable per prompt and method: plain, DynaSpec, the same tree with
 #    the full head, static lists of DynaSpec's mean size (from the tuning run) and of 32,768 tokens, in-context,
 #    union; DynaSpec and the equal-size static list also without the lookup branch. It measures the bf16 weights
-#    that will ship, exported beside the run (drafters/gemma-3-270m changes only after the report, stage 8)
+#    that will ship, exported beside the run (drafters/gemma-3-270m changes only after the report, stage 8).
+#    Every method verifies with the default verify_head="auto" (greedy: the bf16 prefilter where it is fastest)
 DRAFTER="$RUN/export"
 stage export-weights python recipes/gemma3/export.py --ckpt "$RUN/ckpt" --weights-only --out "$DRAFTER"
 SIZE=$(python -c "import json, sys; t = json.load(open(sys.argv[1])); \
