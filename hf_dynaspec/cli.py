@@ -31,6 +31,7 @@ from . import __version__, bench, quality, sharing
 from .bench_prompts import load_bench_prompts
 from .configuration import ARCHITECTURES, eagle3_layer_ids
 from .cpu import is_prepared_for_cpu, prepare_for_cpu
+from .generation.calibration import measured_walk_heads
 from .generation_config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecGenerationConfig
 from .interchange import DEFAULT_DRAFT_VOCAB, FORMATS, export_eagle3, load_eagle3, shortlist_counts_on_data
 from .machine import machine_description
@@ -422,6 +423,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "prompt_format": args.prompt_format,
             "cpu_weight_layout": "re-laid (prepare_for_cpu)" if is_prepared_for_cpu(target) else "as loaded",
             "machine": machine_description()}
+    if chosen := measured_walk_heads(target):  # what verify_head="auto" took here (none when nothing new ran)
+        meta["verify_head_auto"] = ", ".join(chosen)
     summaries = bench.write_results(records, args.out, meta)
     bench.plot_results(summaries, args.out)
     print(bench.markdown_table(summaries))

@@ -59,6 +59,7 @@ def test_bench_on_a_tiny_target(tmp_path, capsys):
     assert overall["full"]["shortlist_recall"] == 1.0  # the full head holds every token
     assert 0.0 <= overall["dynaspec"]["shortlist_recall"] <= 1.0 and overall["plain"]["shortlist_recall"] is None
     assert overall["dynaspec"]["extra"]["speedup_vs_full"] > 0
+    assert "of rows / columns / prefilter)" in results["meta"]["verify_head_auto"]  # greedy: all three timed
     assert all(len(r["output_ids"]) == r["new_tokens"] for r in results["records"] if r["method"] == "plain")
     assert all(r["output_ids"] is None for r in results["records"] if r["method"] != "plain")
 

@@ -74,6 +74,12 @@ def measure_walk_head(target: torch.nn.Module, max_rows: int = MAX_WALK_ROWS, re
     return memo[key]
 
 
+def measured_walk_heads(target: torch.nn.Module) -> list[str]:
+    """The walk heads measured for `target` in this process, as "layout (r rows at once; of the layouts timed)"."""
+    return [f"{head.layout} ({head.rows} rows at once; of {' / '.join(head.seconds)})"
+            for head in _WALK_HEADS.get(target, {}).values()]
+
+
 def _median_seconds(fn, repeats: int, device: torch.device, after=None) -> float:
     """Median wall time of `fn()` over `repeats` runs, synchronised on accelerators; `after()` (untimed) runs
     after each one (e.g. cropping a cache back)."""
