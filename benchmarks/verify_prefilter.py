@@ -40,13 +40,13 @@ def answer_states(folders: list[Path], count: int, seed: int) -> torch.Tensor:
     return states[pick.sort().values].float()  # (n, d)
 
 
-def measure(hidden: torch.Tensor, weight: torch.Tensor) -> dict:
+def measure(hidden: torch.Tensor, prefilter: Prefilter) -> dict:
     """Candidates per position, the argmax check (against the correctly rounded fp32 logits, computed in fp64)
     and the realised error over the bound."""
-    prefilter = Prefilter.of(weight)
+    weight64 = prefilter.weight.double()  # (V, d)
     counts, inside, same, worst = [], 0, True, 0.0
     for chunk in hidden.split(64):
-        exact = chunk.double() @ weight.double().T  # (n, V)
+        exact = chunk.double() @ weight64.T  # (n, V)
         best = exact.float().argmax(-1)  # (n,)
         keep, approx = prefilter.candidates(chunk)
         counts += keep.sum(-1).tolist()
@@ -61,10 +61,9 @@ def measure(hidden: torch.Tensor, weight: torch.Tensor) -> dict:
             "candidates_p99": ordered[int(0.99 * (len(ordered) - 1))], "candidates_max": ordered[-1]}
 
 
-def timings(hidden: torch.Tensor, weight: torch.Tensor, rows: list[int], repeats: int) -> dict[str, dict]:
+def timings(hidden: torch.Tensor, prefilter: Prefilter, rows: list[int], repeats: int) -> dict[str, dict]:
     """Median milliseconds of the fp32 head and of the prefilter's picks, per row count."""
-    prefilter = Prefilter.of(weight)
-    ways = {"fp32 head": lambda h: h @ weight.T, "bf16 pass + rescoring (prefilter)": prefilter.argmax}
+    ways = {"fp32 head": lambda h: h @ prefilter.weight.T, "bf16 pass + rescoring (prefilter)": prefilter.argmax}
     out: dict[str, dict] = {}
     for name, fn in ways.items():
         for r in rows:
@@ -114,13 +113,14 @@ def main() -> None:
     head = target.get_output_embeddings()
     if getattr(head, "bias", None) is not None:
         raise SystemExit("this probe takes a head without bias")
-    weight = head.weight.detach().float()  # (V, d)
+    prefilter = Prefilter.of(head.weight.detach().float())  # the head (V, d) and its bf16 copy, made once
+    vocab, width = prefilter.weight.shape
     hidden = answer_states(args.features, args.positions, args.seed)
-    result = {"meta": {"target": args.target, "vocab": weight.shape[0], "hidden": weight.shape[1],
+    result = {"meta": {"target": args.target, "vocab": vocab, "hidden": width,
                        "features": " ".join(map(str, args.features)), "machine": machine_description()},
-              "candidates": measure(hidden, weight)}
+              "candidates": measure(hidden, prefilter)}
     if args.timing:
-        result["timing_ms"] = timings(hidden, weight, args.rows, repeats=min(9, args.positions // max(args.rows)))
+        result["timing_ms"] = timings(hidden, prefilter, args.rows, repeats=min(9, args.positions // max(args.rows)))
     print(save_results(args.out, result, report))
 
 

@@ -50,12 +50,13 @@ def measure_walk_head(target: torch.nn.Module, max_rows: int = MAX_WALK_ROWS, re
     if unknown or not layouts:
         raise ValueError(f"layouts must be some of {LAYOUTS}, got {layouts!r}.")
     weight = target.get_output_embeddings().weight
+    weights = (weight.data_ptr(), weight._version)  # which head weights the copies were made from
     key = (max_rows, walk, columns_margin, tuple(layouts), str(target.device), target.dtype,
-           torch.get_num_threads(), weight.data_ptr(), weight._version)
+           torch.get_num_threads(), weights)
     memo = _WALK_HEADS.setdefault(target, {})
     if key not in memo:
-        if any(old[-2:] != key[-2:] for old in memo):
-            memo.clear()  # an older key may hold a stale copy of the weights
+        if any(old[-1] != weights for old in memo):
+            memo.clear()  # an older key holds a stale copy of the weights
         hidden = torch.randn(max_rows, weight.shape[1], device=target.device, dtype=weight.dtype)
         heads = {layout: WalkHead.of(target, layout=layout) for layout in layouts}
         if "prefilter" in heads and heads["prefilter"].prefilter.error_over_bound(hidden) >= PREFILTER_SAFETY:

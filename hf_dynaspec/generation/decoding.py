@@ -26,13 +26,11 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 from ..generation_config import resolve_draft_settings
-from ..head import LogitTransform
 from ..modeling import DynaSpecDrafter
 from ..target_states import hidden_state_request, select_hidden_states
 from .calibration import measure_walk_head, verify_costs_for
 from .candidates import DynaSpecCandidateGenerator
 from .gate import DraftGate
-from .prefilter import unsupported_reason
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
 from .syncs import HostSyncCounter
 from .verify import (
@@ -40,7 +38,7 @@ from .verify import (
     verify_forward,
     walk_tree,
 )
-from .walk_head import WalkHead
+from .walk_head import WalkHead, prefilter_blocker
 
 
 @dataclass
@@ -198,23 +196,20 @@ def walk_head_for(target: torch.nn.Module, wanted: str, greedy_only: bool, hidde
     verifies with full logits. A named layout is used as asked, or refused with the reason."""
     if wanted == "full":
         return None
-    head = target.get_output_embeddings()
-    walk_path = target.device.type == "cpu" and head is not None and target._supports_logits_to_keep()
-    transform = LogitTransform.of(target.config)
-    prefilter_blocker = None if greedy_only else (
-        "it gives greedy picks only: do_sample=False with no logits processors (such as repetition_penalty) and "
-        "no output_scores / output_logits")
-    if head is not None and prefilter_blocker is None:
-        prefilter_blocker = unsupported_reason(head, transform.scale, transform.softcap)
-    if wanted == "auto":
-        if not walk_path:
-            return None
-        layouts = ("rows", "columns") + (("prefilter",) if prefilter_blocker is None else ())
-    elif not walk_path:
+    walk_path = (target.device.type == "cpu" and target.get_output_embeddings() is not None
+                 and target._supports_logits_to_keep())
+    if not walk_path and wanted != "auto":
         raise ValueError(f"verify_head={wanted!r} applies the LM head along the walk, for a CPU target whose model "
                          f"takes `logits_to_keep`; this one runs on {target.device.type!r}. Use 'auto' or 'full'.")
-    elif wanted == "prefilter" and prefilter_blocker is not None:
-        raise ValueError(f"verify_head='prefilter' cannot apply: {prefilter_blocker}. Use 'auto' or another layout.")
+    if not walk_path:
+        return None
+    blocker = prefilter_blocker(target) if greedy_only else (
+        "it gives greedy picks only: do_sample=False with no logits processors (such as repetition_penalty) and "
+        "no output_scores / output_logits")
+    if wanted == "prefilter" and blocker is not None:
+        raise ValueError(f"verify_head='prefilter' cannot apply: {blocker}. Use 'auto' or another layout.")
+    if wanted == "auto":
+        layouts = ("rows", "columns") + (("prefilter",) if blocker is None else ())
     else:
         layouts = (wanted,)
     walk_head = measure_walk_head(target, layouts=layouts)

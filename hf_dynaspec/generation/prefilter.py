@@ -53,9 +53,14 @@ def unsupported_reason(head: torch.nn.Module, scale: float, softcap: float | Non
     return None
 
 
+def bound_scale(hidden: torch.Tensor) -> torch.Tensor:
+    """c u ||h|| (n,) for hidden (n, d): the bound of a row w is this times ||w||."""
+    return BOUND_FACTOR * UNIT_ROUNDOFF * hidden.float().norm(dim=-1)
+
+
 def bounds(hidden: torch.Tensor, row_norms: torch.Tensor) -> torch.Tensor:
     """b (n, V): the largest |bf16 logit - fp32 logit| the rounding allows, for hidden (n, d), row norms (V,)."""
-    return BOUND_FACTOR * UNIT_ROUNDOFF * hidden.norm(dim=-1, keepdim=True) * row_norms[None, :]
+    return bound_scale(hidden)[:, None] * row_norms[None, :]
 
 
 @dataclass(frozen=True)
@@ -73,12 +78,16 @@ class Prefilter:
         row_norms = weight.float().norm(dim=-1)  # (V,)
         return cls(weight, weight.to(torch.bfloat16), row_norms, float(row_norms.max()))
 
+    def bf16_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """a (n, V) as fp32: the bf16 pass over hidden (n, d)."""
+        return (hidden.to(torch.bfloat16) @ self.weight_bf16.T).float()
+
     def candidates(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per row of hidden (n, d): a mask (n, V) of the tokens that may hold the fp32 maximum, and the bf16
         logits (n, V) fp32 behind it."""
-        approx = (hidden.to(torch.bfloat16) @ self.weight_bf16.T).float()  # (n, V)
+        approx = self.bf16_logits(hidden)  # (n, V)
         top, best = approx.max(dim=-1)  # (n,)
-        slack = BOUND_FACTOR * UNIT_ROUNDOFF * hidden.float().norm(dim=-1)  # (n,)  c u ||h||
+        slack = bound_scale(hidden)  # (n,)  c u ||h||
         floor = top - slack * self.row_norms[best]  # (n,)  a_m - b_m
         return approx >= (floor - slack * self.max_norm)[:, None], approx  # a_i >= floor - B
 
@@ -87,8 +96,7 @@ class Prefilter:
         rounds as the bound assumes (fp32 accumulation); the measured Gemma 3 states stay under 0.1. (The fp32
         logits' own error, ~d 2^-24, is 1/300 of the bound's unit: no fp64 copy of the head is needed.)"""
         exact = hidden.float() @ self.weight.T  # (n, V)
-        approx = (hidden.to(torch.bfloat16) @ self.weight_bf16.T).float()  # (n, V)
-        return float(((approx - exact).abs() / bounds(hidden.float(), self.row_norms)).max())
+        return float(((self.bf16_logits(hidden) - exact).abs() / bounds(hidden, self.row_norms)).max())
 
     def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
         """The fp32 head's argmax (n,) for final hidden states (n, d): the bf16 pass, then each row's candidates

@@ -55,7 +55,7 @@ class WalkHead:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
         head, transform = target.get_output_embeddings(), LogitTransform.of(target.config)
         if layout == "prefilter":
-            reason = unsupported_reason(head, transform.scale, transform.softcap)
+            reason = prefilter_blocker(target)
             if reason is not None:
                 raise ValueError(f"The prefilter head cannot give this target's greedy picks exactly: {reason}.")
             return cls(head, transform, rows, prefilter=Prefilter.of(head.weight))
@@ -102,6 +102,12 @@ class WalkHead:
             mine = self(hidden)  # (1, V)
             same = mine.shape == logits.shape and torch.allclose(mine, logits.float(), rtol=1e-4, atol=1e-4)
             return same and (self.prefilter is None or bool((self.argmax(hidden) == logits.argmax(dim=-1)).all()))
+
+
+def prefilter_blocker(target: torch.nn.Module) -> str | None:
+    """Why the "prefilter" layout cannot give `target`'s greedy picks exactly (None: it can)."""
+    transform = LogitTransform.of(target.config)
+    return unsupported_reason(target.get_output_embeddings(), transform.scale, transform.softcap)
 
 
 def walk_cost(seconds: tuple[float, ...], rows: int, walk: int) -> float:
