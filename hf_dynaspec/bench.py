@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .bench_prompts import round_robin
 from .evaluation import load as load_evaluation
 from .generation.stats import SpeculativeStats
 from .generation_config import DynaSpecGenerationConfig
@@ -182,7 +183,8 @@ def run_bench(
     """Every method on every prompt, timed `repeats` times (the median counts), each prompt encoded in
     `prompt_format` (`targets.PROMPT_FORMATS`: "chat" for instruction models, "qa" / "plain" for base models).
     With `records_path` (JSONL), records are appended as they come and the prompts already there (all methods
-    done) are skipped: a stopped run resumes."""
+    done) are skipped: a stopped run resumes. Prompts run one category at a time in turn (`round_robin`), so a
+    run stopped part-way covers every category."""
     methods = list(methods)
     for method in methods:
         method_settings(method)  # fail fast on a bad name
@@ -191,7 +193,7 @@ def run_bench(
     if records_path is not None:
         check_resumable(Path(records_path), run_identity(target, drafter, max_new_tokens, prompt_format))
     records, done = load_records(records_path, methods)
-    todo = [row for row in prompts if row["question_id"] not in done]
+    todo = round_robin([row for row in prompts if row["question_id"] not in done])
     for row in todo[:warmup]:  # warm-up: first calls pay allocation and dispatch costs
         for method in methods:
             run_method(target, drafter, method, encode_formatted(tokenizer, row["prompt"], prompt_format), 8)

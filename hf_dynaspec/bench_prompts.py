@@ -34,3 +34,13 @@ def load_bench_prompts(path: str | Path | None = None, limit: int | None = None)
         per_category[category] += 1
         rows.append({"question_id": str(raw.get("question_id", i)), "category": category, "prompt": prompt})
     return rows
+
+
+def round_robin(rows: list[dict]) -> list[dict]:
+    """The prompts reordered one category at a time in turn (each category's own order kept): a run stopped
+    part-way has covered every category about equally, not the first few whole."""
+    per_category: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        per_category[row["category"]].append(row)
+    queues = list(per_category.values())
+    return [queue[i] for i in range(max(map(len, queues), default=0)) for queue in queues if i < len(queue)]

@@ -106,12 +106,16 @@ def test_method_variants_parse():
 def test_bench_prompts_per_category(tmp_path):
     import json
 
-    from hf_dynaspec.bench_prompts import load_bench_prompts
+    from hf_dynaspec.bench_prompts import load_bench_prompts, round_robin
 
     path = tmp_path / "p.jsonl"
     rows = [{"category": c, "prompt": f"{c}{i}"} for c in ("zh", "ja") for i in range(3)]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n" + json.dumps({"turns": ["t0", "t1"]}) + "\n")
     assert [r["prompt"] for r in load_bench_prompts(path, limit=2)] == ["zh0", "zh1", "ja0", "ja1", "t0"]
+    # a run stopped part-way has met every category: one prompt of each in turn, each category's order kept
+    assert [r["prompt"] for r in round_robin(load_bench_prompts(path))] == [
+        "zh0", "ja0", "t0", "zh1", "ja1", "zh2", "ja2"]
+    assert round_robin([]) == []
     assert load_bench_prompts(path)[-1] == {"question_id": "6", "category": "all", "prompt": "t0"}
     path.write_text(json.dumps({"category": "x"}) + "\n")
     with pytest.raises(ValueError, match="neither `turns` nor `prompt`"):
