@@ -16,9 +16,9 @@ CORPUS=${CORPUS:-data/corpus/gemma3}
 PROMPTS=${PROMPTS:-12000}  # English prompts (the first corpus; kept fixed, it decides their formats)
 LISTS=${LISTS:-1600}  # question lists per language: with 1,000 lists and their answers the corpus came to 3.39M
 MAX_QUESTIONS=${MAX_QUESTIONS:-2000}  # answer tokens, ~4.05M projected with the code: the 4M goal with no margin
-CLUSTERS=${CLUSTERS:-256}
-K0=${K0:-8}
-K1=${K1:-4}
+CLUSTERS=${CLUSTERS:-512}  # the clusters stage's proxy: at equal shortlist sizes, 512 equal-size clusters recalled
+K0=${K0:-16}               # more than 256 or 128 and about as much as plain k-means (training.md, clusters); K0 / K1 keep
+K1=${K1:-8}                # the 8,192 / 4,096-token shortlists of 256 clusters at 8 / 4
 BALANCED=${BALANCED:---balanced-clusters}  # equal-size clusters (no wasted lanes on CUDA); set BALANCED= for
                                           # plain k-means if the clusters stage's per-group table says so
 STEPS=${STEPS:-6000}
@@ -100,8 +100,8 @@ TREE="num_draft_nodes=12,draft_depth=5,draft_top_k=4,min_draft_prob=0.05"
 stage tune python recipes/smollm2/tune_tree.py --target gemma3 --drafter "$RUN/ckpt" --out "$RUN/tune" \
     --prompts "$RUN/tuning_prompts.jsonl" --prompt-format qa --doc recipes/gemma3/training.md --write --methods "\
 dynaspec[num_draft_nodes=8,draft_depth=5,draft_top_k=3,min_draft_prob=0.1],dynaspec[$TREE],\
-dynaspec[$TREE,shortlist_k0=4,shortlist_k1=2],dynaspec[$TREE,shortlist_k0=16,shortlist_k1=8],\
-dynaspec[$TREE,shortlist_k0=16,shortlist_k1=4]"
+dynaspec[$TREE,shortlist_k0=$((K0 / 2)),shortlist_k1=$((K1 / 2))],\
+dynaspec[$TREE,shortlist_k0=$((K0 * 2)),shortlist_k1=$((K1 * 2))],dynaspec[$TREE,shortlist_k0=$((K0 * 2)),shortlist_k1=$K1]"
 
 # 7. the comparison, one run per slice, each resumable per prompt and method: plain, DynaSpec, the same tree with
 #    the full head, static lists of DynaSpec's mean size (from the tuning run) and of 32,768 tokens, in-context,
