@@ -23,6 +23,7 @@ BALANCED=${BALANCED:---balanced-clusters}  # equal-size clusters (no wasted lane
                                           # plain k-means if the clusters stage's per-group table says so
 STEPS=${STEPS:-6000}
 UNROLL=${UNROLL:-4}
+EVAL_EVERY=${EVAL_EVERY:-1000}  # learning-curve points: each scores every group's held-out positions over the whole vocabulary (minutes here)
 LIMIT=${LIMIT:-10}  # Spec-Bench prompts per category (130 in all)
 OUT=${OUT:-benchmarks/results/cpu-gemma3-ml}  # committed results: one folder per slice, $OUT-<slice>
 ENGINE_MODEL=${ENGINE_MODEL:-/tmp/hf-dynaspec-serving/gemma3}  # the target saved for vLLM (save_target.py)
@@ -86,7 +87,7 @@ HEAD_VOCAB=${HEAD_VOCAB:-16384}
 HEAD_POSITIONS=${HEAD_POSITIONS:-512}
 stage train hf-dynaspec train --target gemma3 --drafter "$RUN/init" "${FEATURES[@]}" --ckpt-dir "$RUN/ckpt" \
     --steps "$STEPS" --lr 5e-4 --batch-size 8 --seq-len 256 --unroll "$UNROLL" --head-positions "$HEAD_POSITIONS" \
-    --head-vocab "$HEAD_VOCAB" --bf16 --eval-every 500 --loss-weights 0 1 0.2 --threads 2
+    --head-vocab "$HEAD_VOCAB" --bf16 --eval-every "$EVAL_EVERY" --loss-weights 0 1 0.2 --threads 2
 stage curves python recipes/smollm2/curves.py --ckpt "$RUN/ckpt" --out benchmarks/results/cpu-gemma3-ml-train \
     --doc recipes/gemma3/training.md
 
