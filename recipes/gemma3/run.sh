@@ -16,14 +16,17 @@ CORPUS=${CORPUS:-data/corpus/gemma3}
 PROMPTS=${PROMPTS:-12000}  # English prompts (the first corpus; kept fixed, it decides their formats)
 LISTS=${LISTS:-1600}  # question lists per language: with 1,000 lists and their answers the corpus came to 3.39M
 MAX_QUESTIONS=${MAX_QUESTIONS:-2000}  # answer tokens, ~4.05M projected with the code: the 4M goal with no margin
-CLUSTERS=${CLUSTERS:-512}  # the clusters stage's proxy: at equal shortlist sizes, 512 equal-size clusters recalled
-K0=${K0:-16}               # more than 256 or 128 and about as much as plain k-means (training.md, clusters); K0 / K1 keep
-K1=${K1:-8}                # the 8,192 / 4,096-token shortlists of 256 clusters at 8 / 4
+# the clusters stage's proxy (training.md, clusters): at equal shortlist sizes, 512 equal-size clusters recalled more
+# than 256 or 128 and about as much as plain k-means; K0 / K1 keep the 8,192 / 4,096-token shortlists of 256 at 8 / 4
+CLUSTERS=${CLUSTERS:-512}
+K0=${K0:-16}
+K1=${K1:-8}
 BALANCED=${BALANCED:---balanced-clusters}  # equal-size clusters (no wasted lanes on CUDA); set BALANCED= for
                                           # plain k-means if the clusters stage's per-group table says so
 STEPS=${STEPS:-6000}
 UNROLL=${UNROLL:-4}
-EVAL_EVERY=${EVAL_EVERY:-1000}  # learning-curve points: each scores every group's held-out positions over the whole vocabulary (minutes here)
+EVAL_EVERY=${EVAL_EVERY:-1000}  # learning-curve points: each scores every group's held-out positions over the
+                                # whole vocabulary (minutes here)
 LIMIT=${LIMIT:-10}  # Spec-Bench prompts per category (130 in all)
 OUT=${OUT:-benchmarks/results/cpu-gemma3-ml}  # committed results: one folder per slice, $OUT-<slice>
 ENGINE_MODEL=${ENGINE_MODEL:-/tmp/hf-dynaspec-serving/gemma3}  # the target saved for vLLM (save_target.py)
@@ -72,8 +75,9 @@ done < <(python recipes/gemma3/languages.py groups)
 
 # 3. cluster count, equal or plain cluster sizes and budgets re-measured on the new corpus (router trained alone per
 #    setting, recall overall and per group against a static list of the same size ranked on the same corpus)
-[ -f "$RUN/clusters/results.json" ] || stage clusters python recipes/gemma3/clusters.py "${FEATURES[@]}" \
-    --out "$RUN/clusters" --clusters 128 256 512 --balanced both --group-budget "$K0"
+CLUSTERS_OUT=benchmarks/results/cpu-gemma3-ml-clusters  # committed: its per-group table decides CLUSTERS / BALANCED
+[ -f "$CLUSTERS_OUT/results.json" ] || stage clusters python recipes/gemma3/clusters.py "${FEATURES[@]}" \
+    --out "$CLUSTERS_OUT" --clusters 128 256 512 --balanced both --group-budget 8
 
 # 4. drafter: a fresh EAGLE-3 layer with a silu MLP (the one vLLM's EAGLE-3 layer takes), the router trained
 #    multi-label (a cluster is positive when it holds one of the drafter's top-L tokens or the target's next
@@ -102,7 +106,8 @@ stage tune python recipes/smollm2/tune_tree.py --target gemma3 --drafter "$RUN/c
     --prompts "$RUN/tuning_prompts.jsonl" --prompt-format qa --doc recipes/gemma3/training.md --write --methods "\
 dynaspec[num_draft_nodes=8,draft_depth=5,draft_top_k=3,min_draft_prob=0.1],dynaspec[$TREE],\
 dynaspec[$TREE,shortlist_k0=$((K0 / 2)),shortlist_k1=$((K1 / 2))],\
-dynaspec[$TREE,shortlist_k0=$((K0 * 2)),shortlist_k1=$((K1 * 2))],dynaspec[$TREE,shortlist_k0=$((K0 * 2)),shortlist_k1=$K1]"
+dynaspec[$TREE,shortlist_k0=$((K0 * 2)),shortlist_k1=$((K1 * 2))],\
+dynaspec[$TREE,shortlist_k0=$((K0 * 2)),shortlist_k1=$K1]"
 
 # 7. the comparison, one run per slice, each resumable per prompt and method: plain, DynaSpec, the same tree with
 #    the full head, static lists of DynaSpec's mean size (from the tuning run) and of 32,768 tokens, in-context,
