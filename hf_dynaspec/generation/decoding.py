@@ -198,11 +198,11 @@ def walk_head_for(target: torch.nn.Module, wanted: str, greedy_only: bool, hidde
         return None
     walk_path = (target.device.type == "cpu" and target.get_output_embeddings() is not None
                  and target._supports_logits_to_keep())
-    if not walk_path and wanted != "auto":
+    if not walk_path:
+        if wanted == "auto":
+            return None
         raise ValueError(f"verify_head={wanted!r} applies the LM head along the walk, for a CPU target whose model "
                          f"takes `logits_to_keep`; this one runs on {target.device.type!r}. Use 'auto' or 'full'.")
-    if not walk_path:
-        return None
     blocker = prefilter_blocker(target) if greedy_only else (
         "it gives greedy picks only: do_sample=False with no logits processors (such as repetition_penalty) and "
         "no output_scores / output_logits")
