@@ -85,6 +85,9 @@ CLUSTERS_OUT=benchmarks/results/cpu-gemma3-ml-clusters  # committed: its per-gro
 #    data's HEAD_VOCAB most frequent answer tokens and each position's 16 likeliest under the target) on
 #    HEAD_POSITIONS positions per batch: in equal CPU time it trained a better drafter than the full-vocabulary CE
 #    on 64 positions, judged over the whole vocabulary (benchmarks/results/cpu-gemma3-candidate-ce)
+CARRY=${CARRY:-recipes/gemma3/carry}  # the training checkpoint packed for git (hf_dynaspec/training/carry.py): a
+# session that stops mid-training packs $RUN/ckpt there and commits it; a fresh machine resumes from it
+[ -f "$CARRY/trainer_state.json" ] && python -m hf_dynaspec.training.carry unpack "$CARRY" "$RUN/ckpt" --init "$RUN/init"
 [ -f "$RUN/init/config.json" ] || stage init hf-dynaspec init --target gemma3 --architecture eagle3 \
     --num-clusters "$CLUSTERS" --k0 "$K0" --k1 "$K1" $BALANCED --out "$RUN/init"
 HEAD_VOCAB=${HEAD_VOCAB:-16384}
@@ -92,6 +95,7 @@ HEAD_POSITIONS=${HEAD_POSITIONS:-512}
 stage train hf-dynaspec train --target gemma3 --drafter "$RUN/init" "${FEATURES[@]}" --ckpt-dir "$RUN/ckpt" \
     --steps "$STEPS" --lr 5e-4 --batch-size 8 --seq-len 256 --unroll "$UNROLL" --head-positions "$HEAD_POSITIONS" \
     --head-vocab "$HEAD_VOCAB" --bf16 --eval-every "$EVAL_EVERY" --loss-weights 0 1 0.2 --threads 2
+python -m hf_dynaspec.training.carry pack "$RUN/ckpt" "$CARRY"
 stage curves python recipes/smollm2/curves.py --ckpt "$RUN/ckpt" --out benchmarks/results/cpu-gemma3-ml-train \
     --doc recipes/gemma3/training.md
 
