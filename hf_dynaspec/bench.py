@@ -30,6 +30,7 @@ from .bench_prompts import round_robin
 from .evaluation import load as load_evaluation
 from .generation.stats import SpeculativeStats
 from .generation_config import DynaSpecGenerationConfig
+from .machine import machine_description
 from .targets import encode_formatted
 
 # transformers' own speculative options that need no extra model: plain generate() keyword arguments
@@ -58,6 +59,7 @@ class Record:
     matches_plain: bool = True
     stats: dict | None = None  # SpeculativeStats.to_dict() of a speculative method (None: plain / transformers')
     output_ids: list[int] | None = None  # plain's new tokens (every exact method's): analyses reread, not regenerate
+    machine: str | None = None  # `machine_description()` of the process that ran it (None: records predating it)
 
 
 @dataclass
@@ -197,8 +199,9 @@ def run_bench(
     for row in todo[:warmup]:  # warm-up: first calls pay allocation and dispatch costs
         for method in methods:
             run_method(target, drafter, method, encode_formatted(tokenizer, row["prompt"], prompt_format), 8)
+    machine = machine_description()
     for row in tqdm(todo, desc="bench", unit="prompt", initial=len(prompts) - len(todo), total=len(prompts)):
-        rows = bench_prompt(target, tokenizer, drafter, row, methods, max_new_tokens, repeats, prompt_format)
+        rows = bench_prompt(target, tokenizer, drafter, row, methods, max_new_tokens, repeats, prompt_format, machine)
         records += rows
         if records_path is not None:
             with open(records_path, "a") as file:
@@ -228,10 +231,11 @@ def load_records(path: str | Path | None, methods: list[str]) -> tuple[list[Reco
 
 def bench_prompt(
     target, tokenizer, drafter, row: dict, methods: list[str], max_new_tokens: int, repeats: int = 1,
-    prompt_format: str = "chat",
+    prompt_format: str = "chat", machine: str | None = None,
 ) -> list[Record]:
     """One prompt through every method ("plain" first), each output checked against plain greedy; the
-    median of `repeats` timings counts (outputs and stats of greedy runs are the same every time)."""
+    median of `repeats` timings counts (outputs and stats of greedy runs are the same every time). `machine`
+    is stored in each record: a run resumed in another session may be on another machine."""
     input_ids = encode_formatted(tokenizer, row["prompt"], prompt_format)
     plain, out = None, []
     for method in methods:
@@ -241,7 +245,8 @@ def bench_prompt(
         plain = seq if method == "plain" else plain
         rec = Record(method, row["category"], row["question_id"], seconds, seq.shape[1] - input_ids.shape[1],
                      matches_plain=bool(torch.equal(seq, plain)), stats=None if stats is None else stats.to_dict(),
-                     output_ids=seq[0, input_ids.shape[1]:].tolist() if method == "plain" else None)
+                     output_ids=seq[0, input_ids.shape[1]:].tolist() if method == "plain" else None,
+                     machine=machine)
         if not rec.matches_plain:
             tqdm.write(f"MISMATCH: {method} differs from plain greedy on {row['question_id']}")
         out.append(rec)
@@ -436,13 +441,32 @@ def lookup_note(summary: Summary) -> str:
     return f" ({share:.0%} lookup)" if share > 0 else ""
 
 
+def machine_counts(records: list[Record]) -> dict[str, int]:
+    """{machine: prompts measured there}, from the records ("not recorded" for records predating the field).
+    A run resumed across sessions may span machines: each prompt's methods still ran in one process, so the
+    speedups stay paired per prompt, while pooled tokens/s mix the machines' speeds."""
+    prompts: dict[str, set[str]] = defaultdict(set)
+    for rec in records:
+        prompts[rec.machine or "not recorded"].add(rec.question_id)
+    return {machine: len(ids) for machine, ids in sorted(prompts.items(), key=lambda kv: -len(kv[1]))}
+
+
+def meta_value(value) -> str:
+    """A meta entry as results.md shows it: {name: count} (the "machines") as "name (count prompts); ..."."""
+    if isinstance(value, dict):
+        return "; ".join(f"{name} ({count} prompts)" for name, count in value.items())
+    return str(value)
+
+
 def write_results(records: list[Record], out_dir: str | Path, meta: dict) -> list[Summary]:
+    """results.json / results.md of `records`; `meta` gains the records' `machine_counts` ("machines")."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    meta = meta | {"machines": machine_counts(records)}
     summaries = summarize(records)
     payload = {"meta": meta, "summaries": [asdict(s) for s in summaries], "records": [asdict(r) for r in records]}
     (out / "results.json").write_text(json.dumps(payload, indent=1))
-    header = "\n".join(f"- {key}: {value}" for key, value in meta.items())
+    header = "\n".join(f"- {key}: {meta_value(value)}" for key, value in meta.items())
     headlines = [
         f"## {method} per category\n\n{table}\n"
         for method in dict.fromkeys(s.method for s in summaries)

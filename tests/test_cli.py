@@ -155,8 +155,10 @@ def test_bench_keeps_the_median_of_repeats(monkeypatch):
     monkeypatch.setattr(bench, "encode_formatted", lambda tokenizer, prompt, prompt_format: seq[:, :2])
     monkeypatch.setattr(bench, "run_method", lambda *args: (seq, next(times), None))
     row = {"question_id": "q", "category": "c", "prompt": "p"}
-    plain, lookup = bench.bench_prompt(None, None, None, row, ["plain", "prompt-lookup"], 4, repeats=3)
+    plain, lookup = bench.bench_prompt(None, None, None, row, ["plain", "prompt-lookup"], 4, repeats=3,
+                                       machine="this machine")
     assert (plain.seconds, lookup.seconds) == (2.0, 5.0) and plain.new_tokens == 4 and lookup.matches_plain
+    assert plain.machine == lookup.machine == "this machine"
 
 
 def test_headline_table_compares_a_method_with_its_head_twins():
@@ -219,8 +221,19 @@ def test_rewritten_results_count_the_prompts_their_records_hold(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps({"meta": {"prompts": 1, "max_new_tokens": 8}}))
     rewrite_results(tmp_path)  # e.g. a run resumed with a larger --limit, summarised before it ended
     meta = json.loads((tmp_path / "results.json").read_text())["meta"]
-    assert meta == {"prompts": 2, "max_new_tokens": 8}
+    assert meta == {"prompts": 2, "max_new_tokens": 8, "machines": {"not recorded": 2}}
     assert "- prompts: 2" in (tmp_path / "results.md").read_text()
+
+
+def test_results_name_each_machine_a_resumed_run_spans(tmp_path):
+    from hf_dynaspec.bench import Record, machine_counts, write_results
+
+    records = [Record(method, "coding", qid, 1.0, 8, machine=machine)
+               for qid, machine in (("q1", "AMD EPYC"), ("q2", "Intel Xeon"), ("q3", "Intel Xeon"))
+               for method in ("plain", "prompt-lookup")]
+    assert machine_counts(records) == {"Intel Xeon": 2, "AMD EPYC": 1}  # most prompts first
+    write_results(records, tmp_path, {"prompts": 3})
+    assert "- machines: Intel Xeon (2 prompts); AMD EPYC (1 prompts)" in (tmp_path / "results.md").read_text()
 
 
 def test_a_prompt_run_again_with_added_methods_counts_once(tmp_path):
