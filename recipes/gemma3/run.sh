@@ -85,8 +85,9 @@ CLUSTERS_OUT=benchmarks/results/cpu-gemma3-ml-clusters  # committed: its per-gro
 #    data's HEAD_VOCAB most frequent answer tokens and each position's 16 likeliest under the target) on
 #    HEAD_POSITIONS positions per batch: in equal CPU time it trained a better drafter than the full-vocabulary CE
 #    on 64 positions, judged over the whole vocabulary (benchmarks/results/cpu-gemma3-candidate-ce)
-CARRY=${CARRY:-recipes/gemma3/carry}  # the training checkpoint packed for git (hf_dynaspec/training/carry.py): a
-# session that stops mid-training packs $RUN/ckpt there and commits it; a fresh machine resumes from it
+CARRY=${CARRY:-recipes/gemma3/carry}  # $RUN/ckpt packed for git (hf_dynaspec/training/carry.py), after each stage
+# that writes it: a session that stops mid-training packs it there too and commits it; a fresh machine resumes from it
+pack_ckpt() { python -m hf_dynaspec.training.carry pack "$RUN/ckpt" "$CARRY"; }
 [ -f "$CARRY/trainer_state.json" ] && python -m hf_dynaspec.training.carry unpack "$CARRY" "$RUN/ckpt" --init "$RUN/init"
 [ -f "$RUN/init/config.json" ] || stage init hf-dynaspec init --target gemma3 --architecture eagle3 \
     --num-clusters "$CLUSTERS" --k0 "$K0" --k1 "$K1" $BALANCED --out "$RUN/init"
@@ -95,23 +96,27 @@ HEAD_POSITIONS=${HEAD_POSITIONS:-512}
 stage train hf-dynaspec train --target gemma3 --drafter "$RUN/init" "${FEATURES[@]}" --ckpt-dir "$RUN/ckpt" \
     --steps "$STEPS" --lr 5e-4 --batch-size 8 --seq-len 256 --unroll "$UNROLL" --head-positions "$HEAD_POSITIONS" \
     --head-vocab "$HEAD_VOCAB" --bf16 --eval-every "$EVAL_EVERY" --loss-weights 0 1 0.2 --threads 2
-python -m hf_dynaspec.training.carry pack "$RUN/ckpt" "$CARRY"
+pack_ckpt
 stage curves python recipes/smollm2/curves.py --ckpt "$RUN/ckpt" --out benchmarks/results/cpu-gemma3-ml-train \
     --doc recipes/gemma3/training.md
 
 # 5. static shortlists ranked on the same corpus (FR-Spec's recipe): 32,768 tokens stored, any prefix usable
 stage static hf-dynaspec static --drafter "$RUN/ckpt" "${FEATURES[@]}" --size 32768
+pack_ckpt
 
 # 6. the default tree and the cluster budgets k0 / k1, chosen on the tuning prompts (English and multilingual,
 #    never a slice of the comparison) in the "Question: ...\nAnswer:" format the base model is used with
 cat data/tuning_prompts.jsonl data/tuning_prompts_multilingual.jsonl > "$RUN/tuning_prompts.jsonl"
 TREE="num_draft_nodes=12,draft_depth=5,draft_top_k=4,min_draft_prob=0.05"
-stage tune python recipes/smollm2/tune_tree.py --target gemma3 --drafter "$RUN/ckpt" --out "$RUN/tune" \
+# (its records are committed, so a tuning run stopped with the session resumes on a fresh machine)
+stage tune python recipes/smollm2/tune_tree.py --target gemma3 --drafter "$RUN/ckpt" \
+    --out benchmarks/results/cpu-gemma3-ml-tune \
     --prompts "$RUN/tuning_prompts.jsonl" --prompt-format qa --doc recipes/gemma3/training.md --write --methods "\
 dynaspec[num_draft_nodes=8,draft_depth=5,draft_top_k=3,min_draft_prob=0.1],dynaspec[$TREE],\
 dynaspec[$TREE,shortlist_k0=$((K0 / 2)),shortlist_k1=$((K1 / 2))],\
 dynaspec[$TREE,shortlist_k0=$((K0 * 2)),shortlist_k1=$((K1 * 2))],\
 dynaspec[$TREE,shortlist_k0=$((K0 * 2)),shortlist_k1=$K1]"
+pack_ckpt
 
 # 7. the comparison, one run per slice, each resumable per prompt and method: plain, DynaSpec, the same tree with
 #    the full head, static lists of DynaSpec's mean size (from the tuning run) and of 32,768 tokens, in-context,
