@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from huggingface_hub import HfApi
@@ -41,6 +42,7 @@ from .training import frequent_tokens, load_prompts, train_drafter
 from .training.corpus import FEATURE_DTYPES, write_answers
 from .training.features import write_features
 from .training.losses import LossWeights
+from .training.online import FORWARD_DTYPES, TargetFeatures, corpus_groups, forward_autocast
 from .training.trainer import HELDOUT_EVAL_NAME
 from .vllm_export import export_vllm_dynaspec
 
@@ -268,8 +270,17 @@ def _add_target(parser: argparse.ArgumentParser) -> None:
 def _add_train_args(parser: argparse.ArgumentParser) -> None:
     _add_target(parser)
     parser.add_argument("--drafter", required=True, help="drafter folder to start from (see `init`)")
-    parser.add_argument("--data", action="append", required=True,
-                       help="dataset folder made by `distill`; may be repeated (each is split on its own)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data", action="append",
+                        help="dataset folder made by `distill` or `features`; may be repeated (each is split on its own)")
+    source.add_argument("--corpus", help="token-id corpus folder (`corpus.py`): the target's features are computed "
+                                         "as batches are drawn, no feature folders (training/online.py)")
+    parser.add_argument("--group", action="append", type=group_arg, metavar="NAME=REGEX",
+                        help="with --corpus: a group of the conversations whose source REGEX matches whole, split and "
+                             "reported on its own (as one --data folder); may be repeated; default: one group, all")
+    parser.add_argument("--feature-forward", choices=FORWARD_DTYPES, default="auto",
+                        help="with --corpus: the target forward that computes the features (auto: bfloat16 autocast "
+                             "on a GPU or a CPU with bf16 matrix units, else float32)")
     parser.add_argument("--ckpt-dir", required=True, help="checkpoints; an existing one is resumed")
     parser.add_argument("--steps", type=int, default=1000, help="total steps (a resumed run continues)")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
@@ -296,6 +307,28 @@ def _add_train_args(parser: argparse.ArgumentParser) -> None:
                        help="batches drawn at once and grouped by length, so they pad little (1: no grouping)")
     parser.add_argument("--no-resume", action="store_true", help="start over instead of resuming from --ckpt-dir")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+
+
+def group_arg(text: str) -> tuple[str, str]:
+    """'NAME=REGEX' for --group."""
+    name, sep, pattern = text.partition("=")
+    if not sep or not name or not pattern:
+        raise argparse.ArgumentTypeError(f"--group takes NAME=REGEX (e.g. zh='(qa|plain)-zh'), got {text!r}.")
+    return name, pattern
+
+
+def training_data(args: argparse.Namespace, drafter, target) -> tuple[Any, TargetFeatures | None]:
+    """(the --data folders, None) or (the --corpus groups of token ids, the target features that fill them)."""
+    if args.corpus is None:
+        if args.group:
+            raise ValueError("--group names groups of a --corpus; --data folders are groups already: drop --group.")
+        return args.data, None
+    groups = dict(args.group or [("all", ".*")])
+    if len(groups) != len(args.group or [0]):
+        raise ValueError(f"--group names must differ: got {[name for name, _ in args.group]}.")
+    layers = drafter.config.feature_layer_ids
+    featurize = TargetFeatures(target, layers, forward_autocast(args.feature_forward, target.device))
+    return corpus_groups(args.corpus, groups, layers), featurize
 
 
 def _add_speculative(parser: argparse.ArgumentParser) -> None:
@@ -541,14 +574,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     candidates = {} if args.head_target_top is None else {"head_target_top": args.head_target_top}
     target, _ = target_from_args(args)
     drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target)
-    result = train_drafter(drafter, target, args.data, args.steps, args.lr, args.batch_size, args.seq_len,
+    data, featurize = training_data(args, drafter, target)
+    result = train_drafter(drafter, target, data, args.steps, args.lr, args.batch_size, args.seq_len,
                            args.ckpt_dir, resume=not args.no_resume, unroll=args.unroll,
                            autocast_dtype=torch.bfloat16 if args.bf16 else None, eval_every=args.eval_every,
                            weights=LossWeights(*args.loss_weights) if args.loss_weights else None,
                            head_positions=args.head_positions, router_only=args.router_only,
-                           length_pool=args.length_pool, head_vocab=args.head_vocab, **candidates)
+                           length_pool=args.length_pool, head_vocab=args.head_vocab, featurize=featurize,
+                           **candidates)
     ev = result["eval"]
-    settings = {"drafter": str(args.drafter), "data": [str(d) for d in args.data], "steps": args.steps, "lr": args.lr,
+    settings = {"drafter": str(args.drafter), "data": [str(d) for d in args.data or []], "corpus": args.corpus,
+                "groups": dict(args.group or []), "feature_forward": args.feature_forward, "steps": args.steps, "lr": args.lr,
                 "unroll": args.unroll, "loss_weights": args.loss_weights, "head_positions": args.head_positions,
                 "length_pool": args.length_pool, "head_vocab": args.head_vocab, "head_target_top": args.head_target_top}
     (Path(args.ckpt_dir) / HELDOUT_EVAL_NAME).write_text(json.dumps(

@@ -22,3 +22,20 @@ def machine_description() -> str:
         cpu = names[0] if names else cpu
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     return f"{cpu}, {os.cpu_count()} logical cores{gpu}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo; empty where it is missing)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        return set()
+    for line in cpuinfo.read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def has_bf16_matrix_units() -> bool:
+    """Whether this CPU multiplies bf16 natively (AMX or AVX512-BF16); elsewhere a bf16 GEMM is emulated and runs
+    several times slower than float32."""
+    return bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})

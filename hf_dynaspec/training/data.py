@@ -45,13 +45,19 @@ PROMPT_FIELDS = ("turns", "prompt", "question", "instruction")
 class Conversation:
     """One self-distilled conversation: input_ids (L,), loss_mask (L,) bool, hidden (L - 1, d) the target's final
     normed states; aux (L - 1, k * d) the target layers an EAGLE-3 drafter reads (None in folders written by
-    `generate_dataset`, which keep the final state only: see `features.py`)."""
+    `generate_dataset`, which keep the final state only: see `features.py`). Both None: token ids only, the states
+    computed when a window is drawn (`online.py`); filled, they may hold only the first states a window needs."""
 
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
-    hidden: torch.Tensor
+    hidden: torch.Tensor | None
     aux: torch.Tensor | None = None
     layer_ids: tuple[int, ...] = (-1,)
+
+    @property
+    def num_states(self) -> int:
+        """Positions with a target state: the stored ones, else L - 1 (the last token is never fed back)."""
+        return self.input_ids.numel() - 1 if self.hidden is None else self.hidden.shape[0]
 
     @property
     def features(self) -> torch.Tensor:

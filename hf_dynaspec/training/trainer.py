@@ -18,7 +18,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,11 +29,13 @@ from tqdm.auto import tqdm
 
 from .data import Conversation, as_folders, load_dataset, most_frequent
 from .losses import Batch, Candidates, DenseHead, LossWeights, drafter_losses, unrolled_steps
+from .online import TargetFeatures, with_features
 
 STATE_NAME = "trainer_state.json"
 HELDOUT_EVAL_NAME = "heldout_eval.json"  # `hf-dynaspec train` writes the final held-out evaluation here
 OPTIMIZER_NAME = "optimizer.safetensors"
 HELDOUT_FRACTION = 0.05  # of each data folder's conversations, never trained on
+FINAL_EVAL_POSITIONS = 4096  # held-out answer positions of the evaluation at the end of `train_drafter`
 
 
 # ----------------------------------------------------------------------------------------------- batches
@@ -46,8 +48,7 @@ def split_heldout(convs: list[Conversation], fraction: float, seed: int = 0) -> 
 
 def window(conv: Conversation, start: int, length: int) -> dict[str, torch.Tensor]:
     """Drafter positions start .. start + length - 1 of one conversation (fewer at its end)."""
-    n_pos = conv.hidden.shape[0] - 1  # positions with a target h_{i+1}: i = 0 .. L - 3
-    stop = min(start + length, n_pos)
+    stop = window_stop(conv, start, length)
     return {
         "input_ids": conv.input_ids[start + 1 : stop + 1],  # (t,)
         "features": conv.features[start:stop],  # (t, k * d)
@@ -57,29 +58,54 @@ def window(conv: Conversation, start: int, length: int) -> dict[str, torch.Tenso
     }
 
 
-def random_window(convs: list[Conversation], seq_len: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """A random conversation as its last `seq_len` positions: the whole answer (where the loss is) with as much
-    of the prompt before it as fits, so the drafter attends to context as it does when decoding."""
+def window_stop(conv: Conversation, start: int, length: int) -> int:
+    """The end (exclusive) of the window at `start`: positions with a target h_{i+1} are i = 0 .. num_states - 2;
+    the window reads states start .. stop (its features and the next position's target state)."""
+    return min(start + length, conv.num_states - 1)
+
+
+def random_span(convs: list[Conversation], seq_len: int, generator: torch.Generator) -> tuple[Conversation, int]:
+    """A random conversation and the start of its last `seq_len` positions: the whole answer (where the loss is)
+    with as much of the prompt before it as fits, so the drafter attends to context as it does when decoding."""
     conv = convs[int(torch.randint(len(convs), (1,), generator=generator))]
-    n_pos = conv.hidden.shape[0] - 1
-    latest = max(0, n_pos - seq_len)
+    latest = max(0, conv.num_states - 1 - seq_len)
     # answers longer than the window: a random window inside the answer
     lo = min(latest, max(0, conv.prompt_length - 2))
     start = latest if lo >= latest else int(torch.randint(lo, latest + 1, (1,), generator=generator))
-    return window(conv, start, seq_len)
+    return conv, start
+
+
+def random_window(convs: list[Conversation], seq_len: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """The window of a random span (`random_span`) of conversations that hold their states."""
+    return window(*random_span(convs, seq_len, generator), seq_len)
 
 
 def length_grouped_batches(
-    convs: list[Conversation], batch_size: int, seq_len: int, generator: torch.Generator, pool: int = 16
+    convs: list[Conversation], batch_size: int, seq_len: int, generator: torch.Generator, pool: int = 16,
+    featurize: TargetFeatures | None = None,
 ) -> Iterator[Batch]:
     """Endless random batches that pad little: `pool` batches' worth of random windows are drawn at once, sorted
     by length, cut into batches and served in random order. Each window is still drawn uniformly (with
-    replacement); only which windows share a batch changes. `pool=1`: plain random batches."""
+    replacement); only which windows share a batch changes. `pool=1`: plain random batches. Conversations of token
+    ids only get the states their window reads from `featurize`, one target forward per batch (`online.py`)."""
     while True:
-        parts = sorted((random_window(convs, seq_len, generator) for _ in range(pool * batch_size)),
-                       key=lambda part: part["input_ids"].shape[0])
+        spans = sorted((random_span(convs, seq_len, generator) for _ in range(pool * batch_size)),
+                       key=lambda span: window_stop(*span, seq_len) - span[1])
         for i in torch.randperm(pool, generator=generator).tolist():
-            yield collate(parts[i * batch_size : (i + 1) * batch_size])
+            chosen = spans[i * batch_size : (i + 1) * batch_size]
+            yield collate([window(conv, start, seq_len) for conv, start in filled_spans(chosen, seq_len, featurize)])
+
+
+def filled_spans(spans: list[tuple[Conversation, int]], seq_len: int,
+                 featurize: TargetFeatures | None) -> list[tuple[Conversation, int]]:
+    """The spans with the states their windows read (states 0 .. stop): unchanged where the conversations hold
+    them, else computed in one batch by `featurize`."""
+    if all(conv.hidden is not None for conv, _ in spans):
+        return spans
+    if featurize is None:
+        raise ValueError("These conversations carry token ids only: pass featurize (training.online.TargetFeatures).")
+    filled = featurize([(conv, window_stop(conv, start, seq_len) + 1) for conv, start in spans])
+    return [(conv, start) for conv, (_, start) in zip(filled, spans)]
 
 
 def collate(parts: list[dict[str, torch.Tensor]]) -> Batch:
@@ -196,6 +222,7 @@ def train_drafter(
     length_pool: int = 16,
     head_vocab: int | None = None,
     head_target_top: int = 16,
+    featurize: TargetFeatures | None = None,
 ) -> dict[str, Any]:
     """Train `drafter` (bound to `target`) for `steps` steps in all (a resumed run continues from the saved
     step up to `steps`). `data_dir`: one dataset folder or several (each split into train / held-out on its
@@ -209,6 +236,8 @@ def train_drafter(
     `length_pool` batches are drawn at once and grouped by length (`length_grouped_batches`; 1: no grouping).
     `head_vocab` scores the CE over the training data's `head_vocab` most frequent answer tokens and each scored
     position's `head_target_top` most likely under the target (`losses.Candidates`), not the whole vocabulary.
+    `data_dir` may also name conversation lists of token ids only (`online.corpus_groups`): `featurize`
+    (`online.TargetFeatures`) then computes each batch's states, and the held-out ones once.
     Returns {"step", "losses" (this call's per-step totals),
     "start_step", "tokens_per_s", "curve", "eval": evaluate_drafter(...) on the held-out conversations}."""
     weights = weights or LossWeights()
@@ -242,7 +271,11 @@ def train_drafter(
     seen_before = int(saved.get("positions_seen", 0)) if saved else 0
     history: list[float] = []
     generator = torch.Generator().manual_seed(seed + start)
-    stream = length_grouped_batches(train, batch_size, seq_len, generator, length_pool)
+    stream = length_grouped_batches(train, batch_size, seq_len, generator, length_pool, featurize)
+    if eval_every:  # the held-out states a curve point reads, computed once where the data holds ids only
+        per_group = positions_per_group(eval_positions, len(groups))
+        groups = {name: with_features(held, featurize, per_group) for name, held in groups.items()}
+    curve_heldout = with_features(heldout or train[:1], featurize, eval_positions) if eval_every and len(groups) < 2 else []
     drafter.train()
     dense = DenseHead.of(drafter, autocast_dtype)  # cast once, not per call (`DenseHead`)
     gold_cache: dict = {}  # the held-out target tokens: computed at the first curve point, kept for the rest
@@ -268,8 +301,8 @@ def train_drafter(
             bar.set_postfix(loss=f"{history[-1]:.3f}", top1=f"{float(parts['top1']):.2f}")
             done = step + 1
             if eval_every and (done % eval_every == 0 or done == steps):
-                curve.append(curve_point(drafter, heldout or train[:1], seq_len, done, seen, unroll, eval_positions,
-                                         groups, gold_cache))
+                curve.append(curve_point(drafter, curve_heldout, seq_len, done, seen, unroll, eval_positions, groups,
+                                         gold_cache))
                 drafter.train()
             if done % ckpt_every == 0 or done == steps:
                 state = _state(done, lr, batch_size, seq_len, history, start, unroll) | {
@@ -284,7 +317,8 @@ def train_drafter(
         "losses": history,
         "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
         "curve": curve,
-        "eval": evaluate_drafter(drafter, heldout or train[:1], seq_len, unroll=max(unroll, 3)),
+        "eval": evaluate_drafter(drafter, with_features(heldout or train[:1], featurize, FINAL_EVAL_POSITIONS), seq_len,
+                                 max_positions=FINAL_EVAL_POSITIONS, unroll=max(unroll, 3)),
     }
 
 
@@ -297,24 +331,29 @@ def load_split(
 
 
 def load_split_groups(
-    data_dirs: str | os.PathLike | Sequence[str | os.PathLike], heldout_fraction: float, seed: int
+    data_dirs: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, list[Conversation]],
+    heldout_fraction: float, seed: int,
 ) -> tuple[list[Conversation], dict[str, list[Conversation]], list[int]]:
     """(train, {folder name: its held-out conversations}, conversations per folder) of one or several dataset
-    folders, each folder split on its own (a permutation of its usable conversations: the split moves if a
-    folder gains or loses any)."""
-    data_dirs = as_folders(data_dirs)
-    names = [Path(d).name for d in data_dirs]
-    names = names if len(set(names)) == len(names) else [str(d) for d in data_dirs]
+    folders, or of named conversation lists (`online.corpus_groups`), each split on its own (a permutation of its
+    usable conversations: the split moves if a folder gains or loses any)."""
+    if isinstance(data_dirs, Mapping):
+        named = dict(data_dirs)
+    else:
+        folders = as_folders(data_dirs)
+        names = [Path(d).name for d in folders]
+        names = names if len(set(names)) == len(names) else [str(d) for d in folders]
+        named = {name: load_dataset(folder) for name, folder in zip(names, folders)}
     train: list[Conversation] = []
     groups: dict[str, list[Conversation]] = {}
     sizes: list[int] = []
-    for name, data_dir in zip(names, data_dirs):
-        usable = [c for c in load_dataset(data_dir) if c.hidden.shape[0] >= 2 and bool(c.loss_mask[2:].any())]
+    for name, convs in named.items():
+        usable = [c for c in convs if c.num_states >= 2 and bool(c.loss_mask[2:].any())]
         part_train, groups[name] = split_heldout(usable, heldout_fraction, seed)
         train += part_train
         sizes.append(len(usable))
     if not train:
-        raise ValueError(f"{', '.join(map(str, data_dirs))} holds no training conversations.")
+        raise ValueError(f"{', '.join(map(str, named))} holds no training conversations.")
     return train, groups, sizes
 
 
@@ -332,6 +371,11 @@ def check_same_split(saved: dict[str, Any] | None, sizes: list[int], ckpt: Path)
         )
 
 
+def positions_per_group(positions: int, num_groups: int) -> int:
+    """Held-out positions a curve point scores per group (`curve_point`): all of them for one group, half for several."""
+    return positions if num_groups < 2 else max(1, positions // 2)
+
+
 def curve_point(drafter, heldout: list[Conversation], seq_len: int, step: int, seen: int, unroll: int,
                 positions: int, groups: dict[str, list[Conversation]] | None = None,
                 gold_cache: dict | None = None) -> dict[str, Any]:
@@ -344,8 +388,8 @@ def curve_point(drafter, heldout: list[Conversation], seq_len: int, step: int, s
         ev = evaluate_drafter(drafter, heldout, seq_len, max_positions=positions, unroll=depths, gold_cache=gold_cache)
         return {"step": step, "positions_seen": seen, "top1_at_depth": [round(v, 4) for v in ev["top1_at_depth"]],
                 "heldout_positions": ev["positions"]}
-    per_group = {name: evaluate_drafter(drafter, held, seq_len, max_positions=max(1, positions // 2), unroll=depths,
-                                        gold_cache=gold_cache)
+    budget = positions_per_group(positions, len(groups))
+    per_group = {name: evaluate_drafter(drafter, held, seq_len, max_positions=budget, unroll=depths, gold_cache=gold_cache)
                  for name, held in groups.items() if held}
     total = max(sum(g["positions"] for g in per_group.values()), 1)
     overall = [sum(g["top1_at_depth"][d] * g["positions"] for g in per_group.values()) / total for d in range(depths)]
@@ -401,7 +445,7 @@ def evaluate_drafter(
     hits, totals = [0] * unroll, [0] * unroll
     recall_hits = dict.fromkeys(budgets, 0)
     for conv in convs:
-        for start in range(0, conv.hidden.shape[0] - 1, seq_len):
+        for start in range(0, conv.num_states - 1, seq_len):
             batch = collate([window(conv, start, seq_len)])
             if not batch.valid.any():
                 continue
