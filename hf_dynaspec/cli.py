@@ -40,6 +40,7 @@ from .modeling import DynaSpecDrafter
 from .targets import GEMMA3_ALIASES, PROMPT_FORMATS, SMOLLM2_ALIASES, encode_formatted, load_target
 from .training import frequent_tokens, load_prompts, train_drafter
 from .training.corpus import FEATURE_DTYPES, write_answers
+from .training.data import most_frequent
 from .training.features import write_features
 from .training.losses import LossWeights
 from .training.online import FORWARD_DTYPES, TargetFeatures, corpus_groups, forward_autocast
@@ -167,8 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     static = sub.add_parser("static", help="store a frequency-ranked static shortlist in a drafter (baseline)")
     static.add_argument("--drafter", required=True, help="drafter folder (updated in place)")
-    static.add_argument("--data", action="append", required=True,
-                        help="dataset folder made by `distill` (answers are counted); may be repeated")
+    counted = static.add_mutually_exclusive_group(required=True)
+    counted.add_argument("--data", action="append",
+                         help="dataset folder made by `distill` (answers are counted); may be repeated")
+    counted.add_argument("--corpus", help="token-id corpus folder whose answers are counted (no features needed)")
     static.add_argument("--size", type=int, required=True, help="number of tokens to keep")
     static.set_defaults(func=cmd_static)
 
@@ -496,7 +499,10 @@ def cmd_quality(args: argparse.Namespace) -> int:
 def cmd_static(args: argparse.Namespace) -> int:
 
     drafter = DynaSpecDrafter.from_pretrained(args.drafter)
-    drafter.set_static_shortlist(frequent_tokens(args.data, args.size, drafter.config.vocab_size), ranked=True)
+    vocab = drafter.config.vocab_size
+    ranked = (frequent_tokens(args.data, args.size, vocab) if args.corpus is None else
+              most_frequent(corpus_groups(args.corpus, {"all": ".*"}, [])["all"], args.size, vocab))
+    drafter.set_static_shortlist(ranked, ranked=True)
     drafter.save_pretrained(args.drafter)
     print(f"{args.drafter}: static shortlist of the {drafter.config.static_shortlist_size} most frequent answer tokens "
           "(ranked: `static_size=N` keeps the first N per call)")

@@ -158,3 +158,17 @@ def test_held_out_states_are_filled_for_the_positions_an_evaluation_reads(tiny, 
     filled = with_features(convs, TargetFeatures(target, layers), batch_size=4)
     assert len(filled) == len(convs) and all(c.hidden is not None for c in filled)
     assert with_features(filled, None) == filled  # nothing left to compute: no target needed
+
+
+def test_cli_static_counts_a_corpus_as_its_feature_folders(corpus, tmp_path):
+    """FR-Spec's list from the token ids alone: the same ranking as counting the feature folders' answers."""
+    from hf_dynaspec.cli import main
+
+    lists = {}
+    for label, source in (("corpus", ["--corpus", str(corpus / "corpus")]),
+                          ("folders", [arg for name in GROUPS for arg in ("--data", str(corpus / name))])):
+        drafter = tmp_path / label
+        assert main(["init", "--target", "tiny", "--num-clusters", "8", "--out", str(drafter)]) == 0
+        assert main(["static", "--drafter", str(drafter), "--size", "24", *source]) == 0
+        lists[label] = DynaSpecDrafter.from_pretrained(drafter).static_token_ids.tolist()
+    assert len(lists["corpus"]) == 24 and lists["corpus"] == lists["folders"]
