@@ -44,7 +44,7 @@ from .training.data import most_frequent
 from .training.features import write_features
 from .training.losses import LossWeights
 from .training.online import FORWARD_DTYPES, TargetFeatures, corpus_groups, forward_autocast
-from .training.trainer import HELDOUT_EVAL_NAME
+from .training.trainer import HELDOUT_EVAL_NAME, TrainingStopped
 from .vllm_export import export_vllm_dynaspec
 
 DRAFTERS = Path(__file__).resolve().parent.parent / "drafters"
@@ -71,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ImportError, OSError, ValueError) as err:
         print(f"hf-dynaspec {args.command}: error: {err}", file=sys.stderr)
         return 1
+    except TrainingStopped as stopped:
+        print(f"hf-dynaspec {args.command}: {stopped}", file=sys.stderr)
+        return 130
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

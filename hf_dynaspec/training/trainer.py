@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -178,6 +180,37 @@ def load_checkpoint(ckpt_dir: Path, drafter, optimizer: torch.optim.Optimizer) -
     return state
 
 
+class TrainingStopped(KeyboardInterrupt):
+    """Training was asked to stop (SIGINT / SIGTERM) and checkpointed the last finished step first."""
+
+
+class StopRequest:
+    """Set by a signal handler (`stop_signals`): the name of the signal received, or None."""
+
+    requested: str | None = None
+
+
+@contextmanager
+def stop_signals() -> Iterator[StopRequest]:
+    """SIGINT and SIGTERM, inside the block, ask the loop to stop after the step under way (so a checkpoint is
+    written from whole steps, never from an optimizer update cut in half) instead of killing it. Outside the main
+    thread, where Python cannot take signals, nothing changes."""
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def request(signum: int, _frame) -> None:
+        stop.requested = signal.Signals(signum).name
+
+    previous = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 @contextmanager
 def frozen(module: torch.nn.Module) -> Iterator[None]:
     """Turn off gradients of `module` (the target: its embeddings and head are borrowed) for the block."""
@@ -280,7 +313,7 @@ def train_drafter(
     dense = DenseHead.of(drafter, autocast_dtype)  # cast once, not per call (`DenseHead`)
     gold_cache: dict = {}  # the held-out target tokens: computed at the first curve point, kept for the rest
     tokens, t0 = 0, time.perf_counter()
-    with frozen(target):
+    with frozen(target), stop_signals() as stop:
         bar = tqdm(range(start, steps), desc="train drafter", unit="step", disable=not progress)
         for step in bar:
             for group in optimizer.param_groups:
@@ -304,11 +337,14 @@ def train_drafter(
                 curve.append(curve_point(drafter, curve_heldout, seq_len, done, seen, unroll, eval_positions, groups,
                                          gold_cache))
                 drafter.train()
-            if done % ckpt_every == 0 or done == steps:
+            if done % ckpt_every == 0 or done == steps or stop.requested:
                 state = _state(done, lr, batch_size, seq_len, history, start, unroll) | {
                     "length_pool": length_pool, "head_vocab": head_vocab, "head_target_top": head_target_top}
                 save_checkpoint(ckpt, drafter, optimizer,
                                 state | {"curve": curve, "positions_seen": seen, "data_conversations": sizes})
+            if stop.requested:
+                raise TrainingStopped(f"stopped by {stop.requested} after step {done} of {steps}: checkpoint in "
+                                      f"{ckpt}; rerun the same command to resume")
     drafter.eval()
     elapsed = time.perf_counter() - t0
     return {
@@ -338,22 +374,22 @@ def load_split_groups(
     folders, or of named conversation lists (`online.corpus_groups`), each split on its own (a permutation of its
     usable conversations: the split moves if a folder gains or loses any)."""
     if isinstance(data_dirs, Mapping):
-        named = dict(data_dirs)
+        named = list(data_dirs.items())
     else:
         folders = as_folders(data_dirs)
         names = [Path(d).name for d in folders]
         names = names if len(set(names)) == len(names) else [str(d) for d in folders]
-        named = {name: load_dataset(folder) for name, folder in zip(names, folders)}
+        named = [(name, load_dataset(folder)) for name, folder in zip(names, folders)]
     train: list[Conversation] = []
     groups: dict[str, list[Conversation]] = {}
     sizes: list[int] = []
-    for name, convs in named.items():
+    for name, convs in named:
         usable = [c for c in convs if c.num_states >= 2 and bool(c.loss_mask[2:].any())]
         part_train, groups[name] = split_heldout(usable, heldout_fraction, seed)
         train += part_train
         sizes.append(len(usable))
     if not train:
-        raise ValueError(f"{', '.join(map(str, named))} holds no training conversations.")
+        raise ValueError(f"{', '.join(name for name, _ in named)} holds no training conversations.")
     return train, groups, sizes
 
 

@@ -109,7 +109,8 @@ BF16=$(python -c "from hf_dynaspec.machine import has_bf16_matrix_units as u; pr
 stage train hf-dynaspec train --target gemma3 --drafter "$RUN/init" --corpus "$CORPUS" "${GROUPS[@]}" \
     --ckpt-dir "$RUN/ckpt" \
     --steps "$STEPS" --lr 5e-4 --batch-size 8 --seq-len 256 --unroll "$UNROLL" --head-positions "$HEAD_POSITIONS" \
-    --head-vocab "$HEAD_VOCAB" $BF16 --eval-every "$EVAL_EVERY" --loss-weights 0 1 0.2 --threads 2
+    --head-vocab "$HEAD_VOCAB" $BF16 --eval-every "$EVAL_EVERY" --loss-weights 0 1 0.2 --threads 2 \
+    || { status=$?; pack_ckpt; exit $status; }  # stopped (kill -INT / -TERM the trainer): its last step, packed
 pack_ckpt
 stage curves python recipes/smollm2/curves.py --ckpt "$RUN/ckpt" --out benchmarks/results/cpu-gemma3-ml-train \
     --doc recipes/gemma3/training.md
