@@ -68,8 +68,8 @@ if [ "${REDO_CORPUS:-0}" = 1 ] || [ ! -f benchmarks/results/cpu-gemma3-corpus/gr
 fi
 
 # Groups of the corpus (languages.GROUPS: English, 10 languages, code), each split and reported on its own in training
-GROUPS=()
-while read -r group pattern; do GROUPS+=(--group "$group=$pattern"); done < <(python recipes/gemma3/languages.py groups)
+GROUP_ARGS=()  # (not GROUPS: bash keeps the user's group ids there)
+while read -r group pattern; do GROUP_ARGS+=(--group "$group=$pattern"); done < <(python recipes/gemma3/languages.py groups)
 
 # 2-3. only while the clusters are not fitted: the target's features, one folder per group, stored as bfloat16
 #    (Gemma's residual stream exceeds float16) from a bfloat16 forward (benchmarks/results/cpu-gemma3-features-dtype);
@@ -106,11 +106,11 @@ pack_ckpt() { python -m hf_dynaspec.training.carry pack "$RUN/ckpt" "$CARRY"; }
 HEAD_VOCAB=${HEAD_VOCAB:-16384}
 HEAD_POSITIONS=${HEAD_POSITIONS:-512}
 BF16=$(python -c "from hf_dynaspec.machine import has_bf16_matrix_units as u; print('--bf16' if u() else '')")
-stage train hf-dynaspec train --target gemma3 --drafter "$RUN/init" --corpus "$CORPUS" "${GROUPS[@]}" \
+stage train hf-dynaspec train --target gemma3 --drafter "$RUN/init" --corpus "$CORPUS" "${GROUP_ARGS[@]}" \
     --ckpt-dir "$RUN/ckpt" \
     --steps "$STEPS" --lr 5e-4 --batch-size 8 --seq-len 256 --unroll "$UNROLL" --head-positions "$HEAD_POSITIONS" \
     --head-vocab "$HEAD_VOCAB" $BF16 --eval-every "$EVAL_EVERY" --loss-weights 0 1 0.2 --threads 2 \
-    || { status=$?; pack_ckpt; exit $status; }  # stopped (kill -INT / -TERM the trainer): its last step, packed
+    || { status=$?; [ ! -f "$RUN/ckpt/trainer_state.json" ] || pack_ckpt; exit $status; }  # stopped (kill -INT / -TERM the trainer): its last step, packed
 pack_ckpt
 stage curves python recipes/smollm2/curves.py --ckpt "$RUN/ckpt" --out benchmarks/results/cpu-gemma3-ml-train \
     --doc recipes/gemma3/training.md
