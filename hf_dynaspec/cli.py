@@ -229,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     feats.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     feats.set_defaults(func=cmd_features)
 
-    train = sub.add_parser("train", help="train a drafter on a dataset made by `distill` (resumable)")
+    train = sub.add_parser("train", help="train a drafter on feature folders or a token-id corpus (resumable; SIGINT or "
+                                           "SIGTERM checkpoints the last step and stops)")
     _add_train_args(train)
     train.set_defaults(func=cmd_train, router_only=False)
     fit = sub.add_parser("router-fit", help="train only the router (e.g. of an imported EAGLE-3 drafter), minutes")
