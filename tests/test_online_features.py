@@ -14,8 +14,7 @@ import torch
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.configuration import eagle3_layer_ids
 from hf_dynaspec.targets import load_target
-from hf_dynaspec.training import load_dataset, train_drafter
-from hf_dynaspec.training import online
+from hf_dynaspec.training import load_dataset, online, train_drafter
 from hf_dynaspec.training.corpus import write_answers
 from hf_dynaspec.training.features import write_features
 from hf_dynaspec.training.online import TargetFeatures, corpus_groups, forward_autocast, with_features
