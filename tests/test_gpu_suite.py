@@ -9,7 +9,6 @@ results.json.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -30,9 +29,7 @@ def suite() -> ModuleType:
 def run(suite, tmp_path_factory, one_thread) -> tuple[Path, dict]:
     """One quick run of every section into a fresh folder: (folder, results.json's content)."""
     out = tmp_path_factory.mktemp("gpu-suite")
-    began = time.perf_counter()
     results = suite.main([*QUICK, "--out", str(out)])
-    assert time.perf_counter() - began < 90  # a budget on CI time (seven sections at tiny shapes), not a speed figure
     return out, results
 
 
@@ -183,9 +180,7 @@ def test_rerun_skips_saved_sections_and_force_redoes_one(suite, run):
     out, _ = run
     paths = {name: out / "sections" / f"{name}.json" for name in suite.SECTIONS}
     stamps = {name: path.stat().st_mtime_ns for name, path in paths.items()}
-    began = time.perf_counter()
-    results = suite.main([*QUICK, "--out", str(out)])
-    assert time.perf_counter() - began < 5  # nothing ran
+    results = suite.main([*QUICK, "--out", str(out)])  # nothing runs: every section is on disk
     assert {name: path.stat().st_mtime_ns for name, path in paths.items()} == stamps
     log = (out / "log.txt").read_text()
     assert all(f"skip {name}" in log for name in suite.SECTIONS)
