@@ -37,6 +37,7 @@ STATE_NAME = "trainer_state.json"
 HELDOUT_EVAL_NAME = "heldout_eval.json"  # `hf-dynaspec train` writes the final held-out evaluation here
 OPTIMIZER_NAME = "optimizer.safetensors"
 HELDOUT_FRACTION = 0.05  # of each data folder's conversations, never trained on
+EVAL_POSITIONS = 2048  # held-out answer positions of a learning-curve point (half of it per group: `curve_point`)
 FINAL_EVAL_POSITIONS = 4096  # held-out answer positions of the evaluation at the end of `train_drafter`
 
 
@@ -250,7 +251,7 @@ def train_drafter(
     progress: bool = True,
     autocast_dtype: torch.dtype | None = None,
     eval_every: int = 0,
-    eval_positions: int = 2048,
+    eval_positions: int = EVAL_POSITIONS,
     router_only: bool = False,
     length_pool: int = 16,
     head_vocab: int | None = None,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,17 +26,16 @@ from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.machine import machine_description
 from hf_dynaspec.targets import load_target
 from hf_dynaspec.training.online import TargetFeatures, corpus_groups, forward_autocast, with_features
-from hf_dynaspec.training.trainer import HELDOUT_FRACTION, curve_point, load_split_groups, positions_per_group
+from hf_dynaspec.training.trainer import (
+    EVAL_POSITIONS,
+    HELDOUT_FRACTION,
+    curve_point,
+    load_split_groups,
+    positions_per_group,
+)
 
-EVAL_POSITIONS = 2048  # train_drafter's eval_positions default: the curve's positions (half of it per group)
-DEPTHS = 4  # the recipe's --unroll: the curve's depths
-
-
-def recipe_groups() -> dict[str, str]:
-    """{group: source regex} as the recipe passes them to `hf-dynaspec train` (`languages.py groups`)."""
-    text = subprocess.run([sys.executable, str(Path(__file__).with_name("languages.py")), "groups"],
-                          check=True, capture_output=True, text=True).stdout
-    return dict(line.split(" ", 1) for line in text.splitlines() if line.strip())
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from languages import GROUPS  # noqa: E402  (the groups the recipe passes to `hf-dynaspec train`)
 
 
 def heldout_groups(corpus: str, groups: dict[str, str], featurize: TargetFeatures, seed: int) -> dict[str, list]:
@@ -48,9 +46,21 @@ def heldout_groups(corpus: str, groups: dict[str, str], featurize: TargetFeature
     return {name: with_features(convs, featurize, per_group) for name, convs in held.items()}
 
 
-def score(drafter, groups: dict[str, list], seq_len: int) -> dict:
-    """One curve point of `drafter` on the held-out `groups` (`trainer.curve_point`)."""
-    return curve_point(drafter, [], seq_len, step=0, seen=0, unroll=DEPTHS, positions=EVAL_POSITIONS, groups=groups)
+def score(drafter, groups: dict[str, list], seq_len: int, depths: int) -> dict:
+    """One curve point of `drafter` on the held-out `groups` (`trainer.curve_point`), without its step counters."""
+    point = curve_point(drafter, [], seq_len, step=0, seen=0, unroll=depths, positions=EVAL_POSITIONS, groups=groups)
+    return {key: value for key, value in point.items() if key not in ("step", "positions_seen")}
+
+
+def named_paths(items: list[str]) -> dict[str, str]:
+    """{name: path} of --drafter NAME=PATH items, refusing a missing name, path or '=' and a repeated name."""
+    paths: dict[str, str] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not (sep and name and path) or name in paths:
+            raise ValueError(f"--drafter takes distinct NAME=PATH pairs (e.g. new=runs/gemma3-ml/ckpt), got {item!r}.")
+        paths[name] = path
+    return paths
 
 
 def markdown(results: dict) -> str:
@@ -74,27 +84,29 @@ def main() -> None:
     parser.add_argument("--corpus", default="data/corpus/gemma3")
     parser.add_argument("--seq-len", type=int, default=256, help="the recipe's --seq-len (evaluation windows)")
     parser.add_argument("--seed", type=int, default=0, help="the split's seed (hf-dynaspec train's default)")
+    parser.add_argument("--depths", type=int, default=4, help="draft depths scored (the recipe's --unroll)")
     parser.add_argument("--out", default="benchmarks/results/cpu-gemma3-ml-heldout")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    paths = dict(item.split("=", 1) for item in args.drafter)
-    if len(paths) != len(args.drafter) or not all(paths.values()):
-        parser.error("--drafter takes distinct NAME=PATH pairs")
+    try:
+        paths = named_paths(args.drafter)
+    except ValueError as error:
+        parser.error(str(error))
     target, _ = load_target("gemma3")
-    groups, results = recipe_groups(), {}
+    results = {}
     filled: dict[tuple, dict] = {}  # held-out states per feature layer set (drafters reading the same layers share)
     for name, path in paths.items():
         drafter = DynaSpecDrafter.from_pretrained(path).bind(target).eval()
         layers = tuple(drafter.config.feature_layer_ids)
         if layers not in filled:
             featurize = TargetFeatures(target, layers, forward_autocast("auto", target.device))
-            filled[layers] = heldout_groups(args.corpus, groups, featurize, args.seed)
+            filled[layers] = heldout_groups(args.corpus, GROUPS, featurize, args.seed)
         with torch.no_grad():
-            results[name] = score(drafter, filled[layers], args.seq_len)
+            results[name] = score(drafter, filled[layers], args.seq_len, args.depths)
         print(name, results[name]["top1_at_depth"][0], flush=True)
     out = {"meta": {"machine": f"{machine_description()}, {args.threads} threads", "paths": paths, "corpus": args.corpus,
-                    "seq_len": args.seq_len, "seed": args.seed}, "drafters": results}
+                    "seq_len": args.seq_len, "seed": args.seed, "depths": args.depths}, "drafters": results}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "results.json").write_text(json.dumps(out, indent=1) + "\n")
     Path(args.out, "results.md").write_text(markdown(out))
