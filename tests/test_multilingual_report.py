@@ -127,3 +127,14 @@ def test_the_fastest_mode_is_pooled_over_every_slice(tmp_path):
     no_union = write_run(tmp_path / "no-union", ["writing"], {k: v for k, v in modes.items() if k != "union"},
                          recall, speed)
     assert report.report(lang, None, no_union, None)[1] is None  # the union did not run on every slice
+
+
+def test_other_drafters_on_the_same_heldout_split_follow_when_given(runs, tmp_path):
+    lang, spec, curve = runs
+    heldout = tmp_path / "heldout.json"
+    assert "heldout_compare" not in report.report(lang, None, spec, curve, heldout)[2]  # no file: no line
+    point = {"top1_at_depth": [0.5, 0.4], "by_group": {"en": {"top1_at_depth": [0.44, 0.3]}}}
+    heldout.write_text(json.dumps({"drafters": {"shipped": point, "code-only": {
+        "top1_at_depth": [0.3], "by_group": {"code": {"top1_at_depth": [0.3]}}}}}))
+    text = report.report(lang, None, spec, curve, heldout)[2]
+    assert "(`heldout_compare.py`): shipped 0.440 English, 0.500 overall." in text  # a drafter without English: left out

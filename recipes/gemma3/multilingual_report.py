@@ -15,7 +15,8 @@ allows half of each slice), recovery compares the two on the prompts both ran.
 
     python recipes/gemma3/multilingual_report.py --languages benchmarks/results/cpu-gemma3-ml-languages \
         --code benchmarks/results/cpu-gemma3-ml-code --spec benchmarks/results/cpu-gemma3-ml-spec-bench \
-        --curve benchmarks/results/cpu-gemma3-ml-train/curve.json --readme
+        --curve benchmarks/results/cpu-gemma3-ml-train/curve.json \
+        --heldout benchmarks/results/cpu-gemma3-ml-heldout/results.json --readme
 """
 
 from __future__ import annotations
@@ -147,6 +148,17 @@ def curve_conditions(curve_path: Path | None) -> tuple[list[Condition], str]:
     return [Condition(name, goal, f"{top1:.3f} (step {last['step']:,})", top1 >= 0.55)], per_group
 
 
+def heldout_line(heldout_path: Path | None) -> str:
+    """Every drafter `heldout_compare.py` scored on the training's own held-out split (the English-only drafter
+    shipped before, for one), English and overall top-1 at depth 1: what the curve's English figure compares to."""
+    if heldout_path is None or not heldout_path.is_file():
+        return ""
+    drafters = json.loads(heldout_path.read_text())["drafters"]
+    cells = [f"{name} {point['by_group']['en']['top1_at_depth'][0]:.3f} English, "
+             f"{point['top1_at_depth'][0]:.3f} overall" for name, point in drafters.items() if "en" in point["by_group"]]
+    return f"The same held-out positions scored for other drafters (`heldout_compare.py`): {'; '.join(cells)}."
+
+
 def fastest_mode(slices: dict[str, tuple[list[Summary], list[dict]]]) -> tuple[str | None, str]:
     """The shortlist mode to ship as the default: of router (`dynaspec`), in-context and union, the one with the
     most tokens/s over every slice's prompts together (new tokens / seconds, pooled), and each mode's figure. None
@@ -188,9 +200,10 @@ def slice_table(slices: dict[str, tuple[list[Summary], list[dict]]]) -> str:
     return "\n".join(rows)
 
 
-def report(languages: Path, code: Path | None, spec: Path | None,
-           curve: Path | None) -> tuple[list[Condition], str | None, str]:
-    """(conditions, the fastest shortlist mode or None, the markdown report)."""
+def report(languages: Path, code: Path | None, spec: Path | None, curve: Path | None,
+           heldout: Path | None = None) -> tuple[list[Condition], str | None, str]:
+    """(conditions, the fastest shortlist mode or None, the markdown report); `heldout`: heldout_compare.py's
+    results.json, other drafters on the curve's held-out positions."""
     loaded = {"languages": load_summaries(languages)}
     loaded |= {name: load_summaries(path) for name, path in (("code", code), ("spec-bench", spec)) if path}
     slices = {name: (summaries, payload["records"]) for name, (payload, summaries) in loaded.items()}
@@ -219,6 +232,8 @@ def report(languages: Path, code: Path | None, spec: Path | None,
     lines += ["", "Accepted length (root recall) per slice and category:", "", slice_table(slices)]
     if per_group:
         lines += ["", f"Held-out top-1 at depth 1 per data folder at the last training point: {per_group}."]
+    if compared := heldout_line(heldout):
+        lines += ["", compared]
     for name, folder in (("languages", languages), ("code", code), ("spec-bench", spec)):
         if folder is not None and (folder / f"{root_recall.NAME}.json").is_file():
             table = root_recall.markdown(json.loads((folder / f"{root_recall.NAME}.json").read_text()))
@@ -232,9 +247,11 @@ def main() -> None:
     parser.add_argument("--code", type=Path, default=None, help="code-slice run folder")
     parser.add_argument("--spec", type=Path, default=None, help="Spec-Bench run folder")
     parser.add_argument("--curve", type=Path, default=None, help="curve.json of the drafter's training")
+    parser.add_argument("--heldout", type=Path, default=None,
+                        help="heldout_compare.py's results.json: other drafters on the curve's held-out positions")
     parser.add_argument("--readme", action="store_true", help=f"also write the README's {README_BLOCK} block")
     args = parser.parse_args()
-    found, best, text = report(args.languages, args.code, args.spec, args.curve)
+    found, best, text = report(args.languages, args.code, args.spec, args.curve, args.heldout)
     write_conditions(args.languages, found, best, text, README_BLOCK if args.readme else None)
 
 
