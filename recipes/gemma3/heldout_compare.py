@@ -105,7 +105,7 @@ def main() -> None:
         with torch.no_grad():
             results[name] = score(drafter, filled[layers], args.seq_len, args.depths)
         print(name, results[name]["top1_at_depth"][0], flush=True)
-    out = {"meta": {"machine": f"{machine_description()}, {args.threads} threads", "paths": paths, "corpus": args.corpus,
+    out = {"meta": {"machine": machine_description(), "paths": paths, "corpus": args.corpus,
                     "seq_len": args.seq_len, "seed": args.seed, "depths": args.depths}, "drafters": results}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "results.json").write_text(json.dumps(out, indent=1) + "\n")
