@@ -46,9 +46,11 @@ def heldout_groups(corpus: str, groups: dict[str, str], featurize: TargetFeature
     return {name: with_features(convs, featurize, per_group) for name, convs in held.items()}
 
 
-def score(drafter, groups: dict[str, list], seq_len: int, depths: int) -> dict:
-    """One curve point of `drafter` on the held-out `groups` (`trainer.curve_point`), without its step counters."""
-    point = curve_point(drafter, [], seq_len, step=0, seen=0, unroll=depths, positions=EVAL_POSITIONS, groups=groups)
+def score(drafter, groups: dict[str, list], seq_len: int, depths: int, gold_cache: dict) -> dict:
+    """One curve point of `drafter` on the held-out `groups` (`trainer.curve_point`), without its step counters.
+    `gold_cache`: the target's tokens on those positions, shared by every drafter scored on the same `groups`."""
+    point = curve_point(drafter, [], seq_len, step=0, seen=0, unroll=depths, positions=EVAL_POSITIONS, groups=groups,
+                        gold_cache=gold_cache)
     return {key: value for key, value in point.items() if key not in ("step", "positions_seen")}
 
 
@@ -95,15 +97,16 @@ def main() -> None:
         parser.error(str(error))
     target, _ = load_target("gemma3")
     results = {}
-    filled: dict[tuple, dict] = {}  # held-out states per feature layer set (drafters reading the same layers share)
+    filled: dict[tuple, tuple[dict, dict]] = {}  # per feature layer set: (held-out states, the target's tokens there)
     for name, path in paths.items():
         drafter = DynaSpecDrafter.from_pretrained(path).bind(target).eval()
         layers = tuple(drafter.config.feature_layer_ids)
         if layers not in filled:
             featurize = TargetFeatures(target, layers, forward_autocast("auto", target.device))
-            filled[layers] = heldout_groups(args.corpus, GROUPS, featurize, args.seed)
+            filled[layers] = (heldout_groups(args.corpus, GROUPS, featurize, args.seed), {})
         with torch.no_grad():
-            results[name] = score(drafter, filled[layers], args.seq_len, args.depths)
+            groups, gold_cache = filled[layers]
+            results[name] = score(drafter, groups, args.seq_len, args.depths, gold_cache)
         print(name, results[name]["top1_at_depth"][0], flush=True)
     out = {"meta": {"machine": machine_description(), "paths": paths, "corpus": args.corpus,
                     "seq_len": args.seq_len, "seed": args.seed, "depths": args.depths}, "drafters": results}
