@@ -132,7 +132,9 @@ def test_the_fastest_mode_is_pooled_over_every_slice(tmp_path):
 def test_other_drafters_on_the_same_heldout_split_follow_when_given(runs, tmp_path):
     lang, spec, curve = runs
     heldout = tmp_path / "heldout.json"
-    assert "heldout_compare" not in report.report(lang, None, spec, curve, heldout)[2]  # no file: no line
+    assert "heldout_compare" not in report.report(lang, None, spec, curve, None)[2]  # not given: no line
+    with pytest.raises(FileNotFoundError, match="heldout_compare.py"):  # given but missing: said, not dropped
+        report.report(lang, None, spec, curve, heldout)
     point = {"top1_at_depth": [0.5, 0.4], "by_group": {"en": {"top1_at_depth": [0.44, 0.3]}}}
     heldout.write_text(json.dumps({"drafters": {"shipped": point, "code-only": {
         "top1_at_depth": [0.3], "by_group": {"code": {"top1_at_depth": [0.3]}}}}}))

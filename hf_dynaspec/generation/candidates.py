@@ -112,6 +112,12 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         return cls(drafter, settings, stats, None, bool(generation_config.do_sample), generation_config.max_length)
 
     @property
+    def num_drafting_tokens(self) -> int:
+        """The most drafts one `get_candidates` returns (the chain's depth). transformers >= 5.25 reads it before
+        its assisted loop, to size the recurrent states a hybrid target's cache keeps for rolling back."""
+        return self.settings.draft_depth
+
+    @property
     def feature_layers(self) -> list[int]:
         """The target hidden states the drafter reads (`verify_forward` returns them for `accept`)."""
         return self.drafter.config.feature_layer_ids

@@ -151,8 +151,11 @@ def curve_conditions(curve_path: Path | None) -> tuple[list[Condition], str]:
 def heldout_line(heldout_path: Path | None) -> str:
     """Every drafter `heldout_compare.py` scored on the training's own held-out split (the English-only drafter
     shipped before, for one), English and overall top-1 at depth 1: what the curve's English figure compares to."""
-    if heldout_path is None or not heldout_path.is_file():
+    if heldout_path is None:
         return ""
+    if not heldout_path.is_file():
+        raise FileNotFoundError(f"--heldout {heldout_path}: no such file. Run recipes/gemma3/heldout_compare.py "
+                                "to write it, or leave --heldout out.")
     drafters = json.loads(heldout_path.read_text())["drafters"]
     cells = [f"{name} {point['by_group']['en']['top1_at_depth'][0]:.3f} English, "
              f"{point['top1_at_depth'][0]:.3f} overall" for name, point in drafters.items() if "en" in point["by_group"]]
