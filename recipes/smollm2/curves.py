@@ -103,9 +103,10 @@ def plot_groups(curve: list[dict], path: Path) -> None:
     colours = plt.get_cmap("tab10").colors  # ten hues: past ten groups the line style tells them apart
     for i, group in enumerate(points[-1]["by_group"]):
         mine = [p for p in points if group in p["by_group"]]
+        style = i // len(colours) % 3  # which round of the ten hues
         ax.plot([p["positions_seen"] / 1e6 for p in mine], [p["by_group"][group]["top1_at_depth"][0] for p in mine],
-                marker="os^"[i // len(colours) % 3], markersize=3, color=colours[i % len(colours)],
-                linestyle=("-", "--", ":")[i // len(colours) % 3], label=group)
+                marker="os^"[style], markersize=3, color=colours[i % len(colours)],
+                linestyle=("-", "--", ":")[style], label=group)
     ax.set_xlabel("training positions seen (millions)")
     ax.set_ylabel("held-out top-1, depth 1")
     ax.grid(alpha=0.3)
