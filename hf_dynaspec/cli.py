@@ -44,7 +44,7 @@ from .training.data import most_frequent
 from .training.features import write_features
 from .training.losses import LossWeights
 from .training.online import FORWARD_DTYPES, TargetFeatures, corpus_groups, forward_autocast
-from .training.trainer import HELDOUT_EVAL_NAME, TrainingStopped
+from .training.trainer import HELDOUT_EVAL_NAME, TrainingStopped, finished_step
 from .vllm_export import export_vllm_dynaspec
 
 DRAFTERS = Path(__file__).resolve().parent.parent / "drafters"
@@ -582,6 +582,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.head_target_top is not None and args.head_vocab is None:
         raise ValueError("--head-target-top sets the candidate CE of --head-vocab: pass --head-vocab N too.")
     candidates = {} if args.head_target_top is None else {"head_target_top": args.head_target_top}
+    done = None if args.no_resume else finished_step(args.ckpt_dir, args.steps)
+    if done is not None:  # a rerun of a finished recipe: no target load, no re-evaluation over its record
+        print(f"{args.ckpt_dir} is trained to step {done} (--steps {args.steps}) and evaluated in "
+              f"{HELDOUT_EVAL_NAME}: nothing to do (raise --steps to train on, or --no-resume to start over)")
+        return 0
     target, _ = target_from_args(args)
     drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target)
     data, featurize = training_data(args, drafter, target)

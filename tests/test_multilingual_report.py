@@ -106,12 +106,12 @@ def test_missing_runs_and_methods_read_not_measured(runs, tmp_path):
 def test_root_recall_tables_follow_when_measured(runs):
     lang, spec, curve = runs
     assert "Root recall" not in report.report(lang, None, spec, curve)[2]
-    counts = {"next": 0.9, "top1": 0.95, "size": 5000.0}
+    counts = {"next": 0.9, "top1": 0.95, "draft": 0.45, "size": 5000.0}
     (lang / "root_recall.json").write_text(json.dumps({"meta": {"shortlist_k0": 8}, "categories": {"overall": {
         "positions": 100, "full head": {"next": 0.5}, "dynaspec": counts, EQUAL: counts | {"next": 0.8}}}}))
     text = report.report(lang, None, spec, curve)[2]
     assert "**languages**: Root recall" in text
-    assert "| overall | 100 | 50.0% | 90.0% / 95.0% (5,000) | 80.0% / 95.0% (5,000) |" in text
+    assert "| overall | 100 | 50.0% | 90.0% / 95.0% / 45.0% (5,000) | 80.0% / 95.0% / 45.0% (5,000) |" in text
 
 
 def test_the_fastest_mode_is_pooled_over_every_slice(tmp_path):

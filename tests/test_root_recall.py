@@ -24,9 +24,10 @@ def tiny_setup():
     return target, tokenizer, drafter.bind(target, force=True).eval()
 
 
-def forward_membership(target, tokenizer, drafter, row: dict, output_ids: list[int], k: int) -> tuple[int, int]:
-    """(next tokens inside the router's top-k shortlist, positions) by the drafter's public forward: position j
-    reads (project(target features of j), x_{j+1}) and its shortlist must hold x_{j+2}."""
+def forward_membership(target, tokenizer, drafter, row: dict, output_ids: list[int], k: int) -> tuple[int, int, int]:
+    """(next tokens inside the router's top-k shortlist, positions whose shortlist top-1 is the next token,
+    positions) by the drafter's public forward: position j reads (project(target features of j), x_{j+1}) and
+    its shortlist must hold x_{j+2}."""
     prompt_ids = encode_formatted(tokenizer, row["prompt"], "plain")[0]
     ids = torch.cat([prompt_ids, torch.tensor(output_ids)])[None]  # (1, L)
     with torch.no_grad():
@@ -36,7 +37,7 @@ def forward_membership(target, tokenizer, drafter, row: dict, output_ids: list[i
     first = prompt_ids.numel() - 1  # the first position whose token x_{j+1} is a new one
     logits = out.vocab_logits[first:]  # (n, V)
     nxt = ids[0, first + 2 :]
-    return int(logits.gather(1, nxt[:, None]).isfinite().sum()), nxt.numel()
+    return int(logits.gather(1, nxt[:, None]).isfinite().sum()), int((logits.argmax(-1) == nxt).sum()), nxt.numel()
 
 
 def test_root_recall_replays_the_drafters_shortlists():
@@ -51,13 +52,15 @@ def test_root_recall_replays_the_drafters_shortlists():
     assert result["meta"]["static_sizes"] == {"static[static_size=40]": 40, "static": target.config.vocab_size}
     k0 = result["meta"]["shortlist_k0"]
     assert k0 == drafter.config.shortlist_k0
-    hits = positions = 0
+    hits = right = positions = 0
     for row in PROMPTS:
-        h, n = forward_membership(target, tokenizer, drafter, row, outputs[row["question_id"]], k0)
-        hits, positions = hits + h, positions + n
+        h, r, n = forward_membership(target, tokenizer, drafter, row, outputs[row["question_id"]], k0)
+        hits, right, positions = hits + h, right + r, positions + n
     overall = result["categories"]["overall"]
     assert overall["positions"] == positions == 4 * 11
     assert abs(overall["dynaspec"]["next"] - hits / positions) < 1e-9
+    assert abs(overall["dynaspec"]["draft"] - right / positions) < 1e-9
+    assert overall["static"]["draft"] == overall["full head"]["next"]  # the whole list drafts the full head's top-1
     assert overall["static"]["next"] == overall["static"]["top1"] == 1.0  # every token is in the whole list
     assert overall["static"]["size"] == target.config.vocab_size
     first40 = set(drafter.bound_head.static_ranking[:40].tolist()) | set(drafter.config.always_include_ids)
@@ -76,6 +79,7 @@ def test_root_recall_takes_the_named_methods_budget_and_needs_plain_outputs():
     assert every["meta"]["shortlist_k0"] == 8
     assert every["categories"]["overall"]["dynaspec"]["next"] == 1.0
     assert every["categories"]["overall"]["dynaspec"]["top1"] == 1.0
+    assert every["categories"]["overall"]["dynaspec"]["draft"] == every["categories"]["overall"]["full head"]["next"]
     for record in records:
         record.output_ids = None
     with pytest.raises(ValueError, match="no plain outputs"):

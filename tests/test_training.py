@@ -220,6 +220,14 @@ def test_cli_distill_and_train(tmp_path, capsys):
     assert "trained to step 3" in out and "at draft depth 1..3" in out
     saved = json.loads((ckpt / "heldout_eval.json").read_text())
     assert saved["step"] == 3 and len(saved["eval"]["top1_at_depth"]) == 3 and saved["settings"]["unroll"] == 2
+    train = ["train", "--target", "tiny", "--drafter", str(drafter), "--data", str(data), "--data", str(data),
+             "--ckpt-dir", str(ckpt), "--batch-size", "2", "--seq-len", "16", "--unroll", "2"]
+    record = (ckpt / "heldout_eval.json").read_text()
+    assert main([*train, "--steps", "3"]) == 0  # a rerun of the finished recipe keeps its record as it was
+    assert "nothing to do" in capsys.readouterr().out and (ckpt / "heldout_eval.json").read_text() == record
+    assert main([*train, "--steps", "4"]) == 0  # more steps: trains on from the checkpoint
+    assert "trained to step 4" in capsys.readouterr().out
+    assert json.loads((ckpt / "heldout_eval.json").read_text())["step"] == 4
     assert main(["distill", "--target", "tiny", "--prompts", str(tmp_path / "spec_bench.jsonl"),
                  "--out", str(data)]) == 1
     assert "Spec-Bench" in capsys.readouterr().err

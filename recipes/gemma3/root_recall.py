@@ -85,14 +85,10 @@ def root_steps(target, drafter, input_ids: torch.Tensor, prompt_length: int) -> 
     return features[0, positions], router_logits[0, positions], input_ids[positions + 2]
 
 
-def in_shortlist(head_output, vocab_size: int, tokens: torch.Tensor) -> torch.Tensor:
-    """(n, k) bool: is tokens[i, j] among position i's finite shortlist columns."""
-    return head_output.to_vocab(vocab_size).gather(1, tokens).isfinite()
-
-
 def prompt_hits(drafter, features, router_logits, next_tokens, k0: int, sizes: dict[str, int]) -> dict[str, dict]:
     """Per shortlist ("dynaspec" and each static method): positions whose next token / whose full-head top-1 is
-    inside it, and its summed size; plus the full head's top-1 agreement with the next token."""
+    inside it, whose own top-1 (the root draft it makes) is the next token, and its summed size; plus the full
+    head's top-1 agreement with the next token."""
     head, vocab = drafter.bound_head, drafter.config.vocab_size
     top1 = drafter.dense_logits(features).argmax(-1)  # (n,)
     outputs = {"dynaspec": head.logits(features, "dynamic", router_logits, k0)}
@@ -100,8 +96,11 @@ def prompt_hits(drafter, features, router_logits, next_tokens, k0: int, sizes: d
     asked = torch.stack([next_tokens, top1], dim=1)  # (n, 2)
     hits = {}
     for name, out in outputs.items():
-        inside = in_shortlist(out, vocab, asked).sum(0)  # (2,)
-        hits[name] = {"next": int(inside[0]), "top1": int(inside[1]), "size": float(out.shortlist_sizes.float().sum())}
+        logits = out.to_vocab(vocab)  # (n, V): -inf outside the shortlist
+        inside = logits.gather(1, asked).isfinite().sum(0)  # (2,)
+        right = int((logits.argmax(-1) == next_tokens).sum())  # its root draft is the token verification accepts
+        hits[name] = {"next": int(inside[0]), "top1": int(inside[1]), "draft": right,
+                      "size": float(out.shortlist_sizes.float().sum())}
     hits["full head"] = {"next": int((top1 == next_tokens).sum())}  # top-1 agreement, not a shortlist
     return hits
 
@@ -146,12 +145,15 @@ def measure(target, tokenizer, drafter, prompts: list[dict], records, prompt_for
 def markdown(result: dict) -> str:
     """One row per category: recall of the next token and of the full-head top-1, per shortlist."""
     names = [n for n in result["categories"]["overall"] if n not in ("positions", "full head")]
-    head = " | ".join(f"{n}: next / top-1 (size)" for n in names)
+    head = " | ".join(f"{n}: next / top-1 / draft (size)" for n in names)
     lines = [f"Root recall at every continuation position (k0 = {result['meta']['shortlist_k0']} clusters); "
-             "next: the target's next token, top-1: the drafter's full-head top-1.", "",
+             "next: the target's next token, top-1: the drafter's full-head top-1, in the shortlist; draft: the "
+             "shortlist's own top-1 is the next token (the root draft verification accepts; the full head's rate "
+             "is the third column).", "",
              f"| category | positions | full-head top-1 = next | {head} |", "|---" * (3 + len(names)) + "|"]
     for category, row in result["categories"].items():
-        cells = " | ".join(f"{row[n]['next']:.1%} / {row[n]['top1']:.1%} ({row[n]['size']:,.0f})" for n in names)
+        cells = " | ".join(f"{row[n]['next']:.1%} / {row[n]['top1']:.1%} / {row[n]['draft']:.1%} "
+                           f"({row[n]['size']:,.0f})" for n in names)
         lines.append(f"| {category} | {row['positions']:,} | {row['full head']['next']:.1%} | {cells} |")
     return "\n".join(lines)
 
