@@ -108,10 +108,12 @@ def test_root_recall_tables_follow_when_measured(runs):
     assert "Root recall" not in report.report(lang, None, spec, curve)[2]
     counts = {"next": 0.9, "top1": 0.95, "draft": 0.45, "size": 5000.0}
     (lang / "root_recall.json").write_text(json.dumps({"meta": {"shortlist_k0": 8}, "categories": {"overall": {
-        "positions": 100, "full head": {"next": 0.5}, "dynaspec": counts, EQUAL: counts | {"next": 0.8}}}}))
+        "positions": 100, "full head": {"next": 0.5}, "dynaspec": counts, EQUAL: counts | {"next": 0.8, "draft": 0.4}}}}))
     text = report.report(lang, None, spec, curve)[2]
     assert "**languages**: Root recall" in text
-    assert "| overall | 100 | 50.0% | 90.0% / 95.0% / 45.0% (5,000) | 80.0% / 95.0% / 45.0% (5,000) |" in text
+    assert "| overall | 100 | 50.0% | 90.0% / 95.0% / 45.0% (5,000) | 80.0% / 95.0% / 40.0% (5,000) |" in text
+    # the ceiling: the full head's right root drafts over the equal-size list's (0.5 / 0.4), DynaSpec's (0.45 / 0.4)
+    assert f"more than 1.250x as often as {EQUAL} (DynaSpec: 1.125x)" in text
 
 
 def test_the_fastest_mode_is_pooled_over_every_slice(tmp_path):

@@ -13,21 +13,23 @@ META = {"target": "t", "prompts": 2, "max_new_tokens": 4, "num_speculative_token
         "vllm": "0.32.0", "machine": "test"}
 
 
-def write(folder, name, batch, seconds, tokens, drafts=0, drafted=0, accepted=0):
+def write(folder, name, batch, seconds, tokens, drafts=0, drafted=0, accepted=0, draft=None):
     metrics = dict(zip(bench.METRICS, (drafts, drafted, accepted)))
-    (folder / f"{name}-b{batch}.json").write_text(json.dumps(
-        {"seconds": seconds, "tokens": tokens, "metrics": metrics, "meta": META}))
+    run = {"seconds": seconds, "tokens": tokens, "metrics": metrics, "meta": META}
+    (folder / f"{name}-b{batch}.json").write_text(json.dumps(run | ({} if draft is None else {"draft": draft})))
 
 
 def test_summary_compares_each_configuration_with_plain_at_its_batch(tmp_path):
     same, other = [[1, 2, 3, 4], [5, 6, 7, 8]], [[1, 2, 3, 4], [5, 6, 0, 8]]
     write(tmp_path, "plain", 1, 2.0, same)
-    write(tmp_path, "dynaspec-plugin", 1, 1.0, same, drafts=4, drafted=12, accepted=6)
+    write(tmp_path, "dynaspec-plugin", 1, 1.0, same, drafts=4, drafted=12, accepted=6,
+          draft={"calls": 4, "seconds": 0.1})  # the proposer's draft timer: 25 ms per step
     write(tmp_path, "plain", 8, 1.0, same)
-    write(tmp_path, "static-eagle3", 8, 2.0, other, drafts=4, drafted=12, accepted=3)
+    write(tmp_path, "static-eagle3", 8, 2.0, other, drafts=4, drafted=12, accepted=3)  # measured before the timer
     text = bench.summarize(tmp_path, readme=False)
-    assert "| dynaspec-plugin | 1 | 8.0 | 2.00x | 4 | 6 / 12 | 1.50 | 2 of 2 |" in text
-    assert "| static-eagle3 | 8 | 4.0 | 0.50x | 4 | 3 / 12 | 0.75 | 1 of 2 |" in text
+    assert "| dynaspec-plugin | 1 | 8.0 | 2.00x | 4 | 6 / 12 | 1.50 | 25.0 | 2 of 2 |" in text
+    assert "| static-eagle3 | 8 | 4.0 | 0.50x | 4 | 3 / 12 | 0.75 |  | 1 of 2 |" in text
+    assert "| plain | 1 | 4.0 | 1.00x | 0 | 0 / 0 | 0.00 |  | 2 of 2 |" in text
     assert text.index("| plain | 1 |") < text.index("| dynaspec-plugin | 1 |") < text.index("| plain | 8 |")
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert {(r["configuration"], r["batch"]) for r in rows} == {("plain", 1), ("dynaspec-plugin", 1), ("plain", 8),

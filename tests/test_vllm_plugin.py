@@ -45,3 +45,26 @@ def test_target_classes_capture_hidden_states_under_vllms_names():
         source = REPO / (module.replace(".", "/") + ".py")
         classes = {n.name: n for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.ClassDef)}
         assert [ast.unparse(b) for b in classes[cls].bases] == [name, "SupportsEagle3"]
+
+
+def test_draft_timer_counts_every_call_per_process_and_wraps_once(tmp_path, monkeypatch):
+    from hf_dynaspec.vllm_plugin import timing
+
+    class Proposer:  # stands in for vLLM's SpecDecodeBaseProposer
+        def propose(self, steps):
+            return [s * 2 for s in range(steps)]
+
+    prefix = str(tmp_path / "draft")
+    original = Proposer.propose
+    assert not timing.install_draft_timer(Proposer, None) and Proposer.propose is original  # off: untouched
+    assert timing.install_draft_timer(Proposer, prefix) and timing.install_draft_timer(Proposer, prefix)
+    assert Proposer.propose.__wrapped__ is original  # wrapped once, however often vLLM calls register()
+    assert timing.read_times(prefix) == {"calls": 0, "seconds": 0.0}
+    assert Proposer().propose(3) == [0, 2, 4] and Proposer().propose(1) == [0]
+    mine = timing.read_times(prefix)
+    assert mine["calls"] == 2 and mine["seconds"] > 0
+    other = tmp_path / "draft.1.json"  # another vLLM process (a worker) of the same run
+    other.write_text('{"calls": 5, "seconds": 1.5}')
+    assert timing.read_times(prefix) == {"calls": 7, "seconds": mine["seconds"] + 1.5}
+    (tmp_path / "elsewhere.2.json").write_text('{"calls": 9, "seconds": 9.0}')  # another prefix: not read
+    assert timing.read_times(prefix)["calls"] == 7

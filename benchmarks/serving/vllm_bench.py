@@ -24,6 +24,8 @@ from pathlib import Path
 from hf_dynaspec.bench_prompts import load_bench_prompts
 from hf_dynaspec.machine import machine_description
 from hf_dynaspec.targets import PROMPT_FORMATS
+from hf_dynaspec.vllm_plugin.timing import ENV as DRAFT_TIMES
+from hf_dynaspec.vllm_plugin.timing import read_times
 
 PROMPTS = Path(__file__).resolve().parents[2] / "data" / "tuning_prompts.jsonl"  # held out of every training set
 METRICS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
@@ -50,8 +52,13 @@ def parse_drafts(items: list[str]) -> dict[str, str]:
 
 
 def run_one(args: argparse.Namespace) -> dict:
-    """One configuration in this process: generate greedily, batch by batch, and read vLLM's metrics."""
+    """One configuration in this process: generate greedily, batch by batch, and read vLLM's metrics and the
+    time its proposer spent drafting (the plugin's draft timer, `hf_dynaspec/vllm_plugin/timing.py`)."""
+    import tempfile
+
     from vllm import LLM, SamplingParams
+
+    prefix = os.environ.setdefault(DRAFT_TIMES, str(Path(tempfile.mkdtemp(prefix="draft-times-")) / "draft"))
 
     spec = None if args.draft is None else {"method": "eagle3", "model": args.draft,
                                              "num_speculative_tokens": args.num_drafts}
@@ -61,10 +68,12 @@ def run_one(args: argparse.Namespace) -> dict:
     chats = formatted(llm.get_tokenizer(), texts, args.prompt_format)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens)
     llm.generate(chats[:1], SamplingParams(temperature=0.0, max_tokens=8))  # warm-up, untimed
-    tokens, start = [], time.perf_counter()
+    before, tokens, start = read_times(prefix), [], time.perf_counter()
     for lo in range(0, len(chats), args.batch):
         tokens += [list(o.outputs[0].token_ids) for o in llm.generate(chats[lo : lo + args.batch], params)]
     seconds = time.perf_counter() - start
+    after = read_times(prefix)
+    draft = {key: after[key] - before[key] for key in after}  # the timed generations' draft steps only
     metrics = {m.name: m.value for m in llm.get_metrics() if m.name in METRICS}
     meta = {"target": args.target, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
             "num_speculative_tokens": args.num_drafts, "dtype": args.dtype, "draft": args.draft,
@@ -72,7 +81,7 @@ def run_one(args: argparse.Namespace) -> dict:
             "prompts_file": Path(args.prompts_file).name, "prompt_format": args.prompt_format,
             "per_category": args.per_category, "prompts_run": len(texts),
             "vllm": __import__("vllm").__version__, "machine": machine_description()}
-    return {"seconds": seconds, "tokens": tokens, "metrics": metrics, "meta": meta}
+    return {"seconds": seconds, "tokens": tokens, "metrics": metrics, "draft": draft, "meta": meta}
 
 
 def draft_digest(folder: str | None) -> str | None:
@@ -119,9 +128,16 @@ def read_runs(out: Path) -> dict:
     return {k: runs[k] for k in sorted(runs, key=key)}
 
 
+def draft_ms(draft: dict | None) -> float | None:
+    """Milliseconds per proposer call (one speculative step of the whole batch), or None: plain, or a run
+    measured before the draft timer."""
+    return None if not draft or not draft.get("calls") else 1000 * draft["seconds"] / draft["calls"]
+
+
 def table(results: dict) -> tuple[list[dict], str]:
     rows, lines = [], ["| configuration | batch | tokens/s | vs plain | drafts | accepted / drafted tokens | "
-                       "accepted per draft | greedy identical to plain |", "|---|---|---|---|---|---|---|---|"]
+                       "accepted per draft | draft ms per step | greedy identical to plain |",
+                       "|---|---|---|---|---|---|---|---|---|"]
     for key, r in results.items():
         name, batch = key.rsplit("-b", 1)
         plain = results[f"plain-b{batch}"]
@@ -134,10 +150,11 @@ def table(results: dict) -> tuple[list[dict], str]:
         row = dict(configuration=name, batch=int(batch), tokens_per_s=speed, vs_plain=speed / base,
                    drafts=m.get(METRICS[0], 0), drafted=drafted, accepted=accepted,
                    accepted_per_draft=accepted / max(1, m.get(METRICS[0], 0)),
-                   identical=f"{same} of {len(r['tokens'])}")
+                   draft_ms_per_step=draft_ms(r.get("draft")), identical=f"{same} of {len(r['tokens'])}")
+        ms = "" if row["draft_ms_per_step"] is None else f"{row['draft_ms_per_step']:.1f}"
         rows.append(row)
         lines.append(f"| {name} | {batch} | {speed:.1f} | {speed / base:.2f}x | {row['drafts']} | "
-                     f"{accepted} / {drafted} | {row['accepted_per_draft']:.2f} | {row['identical']} |")
+                     f"{accepted} / {drafted} | {row['accepted_per_draft']:.2f} | {ms} | {row['identical']} |")
     return rows, "\n".join(lines)
 
 

@@ -203,6 +203,22 @@ def slice_table(slices: dict[str, tuple[list[Summary], list[dict]]]) -> str:
     return "\n".join(rows)
 
 
+def ceiling_line(recall_path: Path, equal: str | None) -> str:
+    """Why the accepted-length goal is or is not within reach, from a slice's root_recall.json: how often each
+    head's root draft is the target's next token. The full head's rate over the equal-size static list's bounds
+    what any shortlist of this drafter can gain at the root ("" where not measured)."""
+    if equal is None or not recall_path.is_file():
+        return ""
+    overall = json.loads(recall_path.read_text())["categories"]["overall"]
+    if "draft" not in overall.get("dynaspec", {}) or "draft" not in overall.get(equal, {}):
+        return ""
+    full, ours, theirs = overall["full head"]["next"], overall["dynaspec"]["draft"], overall[equal]["draft"]
+    return (f"Root drafts that are the target's next token ({root_recall.NAME}.json, every continuation position): "
+            f"DynaSpec {ours:.1%}, {equal} {theirs:.1%}, the full head {full:.1%}. No shortlist of this drafter "
+            f"drafts the right root token more than {full / theirs:.3f}x as often as {equal} (DynaSpec: "
+            f"{ours / theirs:.3f}x); the lookup branch's drafts are the same for both.")
+
+
 def report(languages: Path, code: Path | None, spec: Path | None, curve: Path | None,
            heldout: Path | None = None) -> tuple[list[Condition], str | None, str]:
     """(conditions, the fastest shortlist mode or None, the markdown report); `heldout`: heldout_compare.py's
@@ -229,6 +245,9 @@ def report(languages: Path, code: Path | None, spec: Path | None, curve: Path | 
              f"{meta['max_new_tokens']} new tokens, on {meta['machine']}.", "",
              "| condition | goal | measured | |", "|---|---|---|---|"]
     lines += [f"| {c.name} | {c.goal} | {c.measured} | {verdict[c.holds]} |" for c in found]
+    equal = find_method(by_method(slices["languages"][0]), "static")
+    if ceiling := ceiling_line(languages / f"{root_recall.NAME}.json", equal.method if equal else None):
+        lines += ["", f"Language slices: {ceiling}"]
     best, figures = fastest_mode(slices)
     lines += ["", f"Fastest shortlist mode over every slice's prompts (tokens/s): {figures}; the shipped default: "
               f"`{best}`." if best else f"Fastest shortlist mode: {figures}."]
