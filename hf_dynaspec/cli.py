@@ -576,13 +576,23 @@ def cmd_features(args: argparse.Namespace) -> int:
     return 0
 
 
+def train_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What `hf-dynaspec train` records of its command in HELDOUT_EVAL_NAME (and compares on a rerun)."""
+    return {"drafter": str(args.drafter), "data": [str(d) for d in args.data or []], "corpus": args.corpus,
+            "groups": dict(args.group or []), "feature_forward": args.feature_forward, "steps": args.steps,
+            "lr": args.lr, "unroll": args.unroll, "loss_weights": args.loss_weights,
+            "head_positions": args.head_positions, "length_pool": args.length_pool, "head_vocab": args.head_vocab,
+            "head_target_top": args.head_target_top}
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.head_target_top is not None and args.head_vocab is None:
         raise ValueError("--head-target-top sets the candidate CE of --head-vocab: pass --head-vocab N too.")
     candidates = {} if args.head_target_top is None else {"head_target_top": args.head_target_top}
-    done = None if args.no_resume else finished_step(args.ckpt_dir, args.steps)
+    settings = train_settings(args)
+    done = None if args.no_resume else finished_step(args.ckpt_dir, args.steps, settings)
     if done is not None:  # a rerun of a finished recipe: no target load, no re-evaluation over its record
         print(f"{args.ckpt_dir} is trained to step {done} (--steps {args.steps}) and evaluated in "
               f"{HELDOUT_EVAL_NAME}: nothing to do (raise --steps to train on, or --no-resume to start over)")
@@ -598,10 +608,6 @@ def cmd_train(args: argparse.Namespace) -> int:
                            length_pool=args.length_pool, head_vocab=args.head_vocab, featurize=featurize,
                            **candidates)
     ev = result["eval"]
-    settings = {"drafter": str(args.drafter), "data": [str(d) for d in args.data or []], "corpus": args.corpus,
-                "groups": dict(args.group or []), "feature_forward": args.feature_forward, "steps": args.steps, "lr": args.lr,
-                "unroll": args.unroll, "loss_weights": args.loss_weights, "head_positions": args.head_positions,
-                "length_pool": args.length_pool, "head_vocab": args.head_vocab, "head_target_top": args.head_target_top}
     (Path(args.ckpt_dir) / HELDOUT_EVAL_NAME).write_text(json.dumps(
         {"step": result["step"], "tokens_per_s": result["tokens_per_s"], "settings": settings, "eval": ev},
         indent=1, default=str) + "\n")

@@ -151,15 +151,17 @@ def save_checkpoint(ckpt_dir: Path, drafter, optimizer: torch.optim.Optimizer, s
     os.replace(tmp, ckpt_dir / STATE_NAME)
 
 
-def finished_step(ckpt_dir: str | os.PathLike, steps: int) -> int | None:
-    """The saved step when `ckpt_dir` holds a checkpoint trained to at least `steps` and its final held-out
-    evaluation (`HELDOUT_EVAL_NAME`) of that step; else None (training, or its evaluation, is still to run)."""
+def finished_step(ckpt_dir: str | os.PathLike, steps: int, settings: dict[str, Any]) -> int | None:
+    """The saved step when `ckpt_dir` holds a checkpoint trained to at least `steps` and the final held-out
+    evaluation (`HELDOUT_EVAL_NAME`) of that step by a command of these `settings`; else None (training or its
+    evaluation is still to run, or another command is asked for: it runs, and checks its arguments, as usual)."""
     ckpt = Path(ckpt_dir)
     if not (ckpt / STATE_NAME).is_file() or not (ckpt / HELDOUT_EVAL_NAME).is_file():
         return None
     step = int(json.loads((ckpt / STATE_NAME).read_text())["step"])
-    evaluated = json.loads((ckpt / HELDOUT_EVAL_NAME).read_text()).get("step")
-    return step if step >= steps and evaluated == step else None
+    record = json.loads((ckpt / HELDOUT_EVAL_NAME).read_text())
+    same = record.get("settings") == json.loads(json.dumps(settings, default=str))  # as the record stores them
+    return step if step >= steps and record.get("step") == step and same else None
 
 
 def load_checkpoint(ckpt_dir: Path, drafter, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
