@@ -47,7 +47,7 @@ def test_target_classes_capture_hidden_states_under_vllms_names():
         assert [ast.unparse(b) for b in classes[cls].bases] == [name, "SupportsEagle3"]
 
 
-def test_draft_timer_counts_every_call_per_process_and_wraps_once(tmp_path, monkeypatch):
+def test_draft_timer_counts_every_call_per_process_and_wraps_once(tmp_path):
     from hf_dynaspec.vllm_plugin import timing
 
     class Proposer:  # stands in for vLLM's SpecDecodeBaseProposer

@@ -58,7 +58,9 @@ def run_one(args: argparse.Namespace) -> dict:
 
     from vllm import LLM, SamplingParams
 
-    prefix = os.environ.setdefault(DRAFT_TIMES, str(Path(tempfile.mkdtemp(prefix="draft-times-")) / "draft"))
+    if not os.environ.get(DRAFT_TIMES):  # vLLM's processes inherit it: their timers write under this prefix
+        os.environ[DRAFT_TIMES] = str(Path(tempfile.mkdtemp(prefix="draft-times-")) / "draft")
+    prefix = os.environ[DRAFT_TIMES]
 
     spec = None if args.draft is None else {"method": "eagle3", "model": args.draft,
                                              "num_speculative_tokens": args.num_drafts}

@@ -203,13 +203,13 @@ def slice_table(slices: dict[str, tuple[list[Summary], list[dict]]]) -> str:
     return "\n".join(rows)
 
 
-def ceiling_line(recall_path: Path, equal: str | None) -> str:
-    """Why the accepted-length goal is or is not within reach, from a slice's root_recall.json: how often each
-    head's root draft is the target's next token. The full head's rate over the equal-size static list's bounds
-    what any shortlist of this drafter can gain at the root ("" where not measured)."""
-    if equal is None or not recall_path.is_file():
+def ceiling_line(recall: dict | None, equal: str | None) -> str:
+    """Why the accepted-length goal is or is not within reach, from a slice's root_recall.json (`recall`): how
+    often each head's root draft is the target's next token. The full head's rate over the equal-size static
+    list's bounds what any shortlist of this drafter can gain at the root ("" where not measured)."""
+    if equal is None or recall is None:
         return ""
-    overall = json.loads(recall_path.read_text())["categories"]["overall"]
+    overall = recall["categories"]["overall"]
     if "draft" not in overall.get("dynaspec", {}) or "draft" not in overall.get(equal, {}):
         return ""
     full, ours, theirs = overall["full head"]["next"], overall["dynaspec"]["draft"], overall[equal]["draft"]
@@ -245,8 +245,11 @@ def report(languages: Path, code: Path | None, spec: Path | None, curve: Path | 
              f"{meta['max_new_tokens']} new tokens, on {meta['machine']}.", "",
              "| condition | goal | measured | |", "|---|---|---|---|"]
     lines += [f"| {c.name} | {c.goal} | {c.measured} | {verdict[c.holds]} |" for c in found]
+    recalls = {name: json.loads((folder / f"{root_recall.NAME}.json").read_text())
+               for name, folder in (("languages", languages), ("code", code), ("spec-bench", spec))
+               if folder is not None and (folder / f"{root_recall.NAME}.json").is_file()}
     equal = find_method(by_method(slices["languages"][0]), "static")
-    if ceiling := ceiling_line(languages / f"{root_recall.NAME}.json", equal.method if equal else None):
+    if ceiling := ceiling_line(recalls.get("languages"), equal.method if equal else None):
         lines += ["", f"Language slices: {ceiling}"]
     best, figures = fastest_mode(slices)
     lines += ["", f"Fastest shortlist mode over every slice's prompts (tokens/s): {figures}; the shipped default: "
@@ -256,10 +259,8 @@ def report(languages: Path, code: Path | None, spec: Path | None, curve: Path | 
         lines += ["", f"Held-out top-1 at depth 1 per data folder at the last training point: {per_group}."]
     if compared := heldout_line(heldout):
         lines += ["", compared]
-    for name, folder in (("languages", languages), ("code", code), ("spec-bench", spec)):
-        if folder is not None and (folder / f"{root_recall.NAME}.json").is_file():
-            table = root_recall.markdown(json.loads((folder / f"{root_recall.NAME}.json").read_text()))
-            lines += ["", f"**{name}**: {table}"]
+    for name, recall in recalls.items():
+        lines += ["", f"**{name}**: {root_recall.markdown(recall)}"]
     return found, best, "\n".join(lines)
 
 
