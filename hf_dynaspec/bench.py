@@ -478,12 +478,18 @@ def write_results(records: list[Record], out_dir: str | Path, meta: dict) -> lis
     return summaries
 
 
+def earlier_meta(out_dir: str | Path) -> dict:
+    """The meta of the run's results.json, {} before its first one."""
+    path = Path(out_dir) / "results.json"
+    return json.loads(path.read_text())["meta"] if path.is_file() else {}
+
+
 def rewrite_results(out_dir: str | Path) -> list[Summary]:
     """Summaries, tables and plots of a finished run rebuilt from its records.jsonl (and the meta of its
     results.json): no generation."""
     out = Path(out_dir)
     records = read_records(out / "records.jsonl")
-    meta = json.loads((out / "results.json").read_text())["meta"] if (out / "results.json").is_file() else {}
+    meta = earlier_meta(out)
     meta["prompts"] = len({r.question_id for r in records})  # the records are the truth (a run may have grown)
     summaries = write_results(records, out, meta)
     plot_results(summaries, out)

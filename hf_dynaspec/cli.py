@@ -202,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tokens of the static draft vocabulary (the servers run no router); the target's "
                           "vocabulary size: every id, the full head (no d2t / t2d maps); default: "
                           f"{DEFAULT_DRAFT_VOCAB:,} with --data, else all of the drafter's static shortlist")
+    exp.add_argument("--max-union-tokens", type=int, default=None,
+                     help="vllm-dynaspec: the most tokens one draft step scores for a whole batch (the union of its "
+                          "requests' shortlists; each keeps its best clusters first); default: no limit")
     exp.add_argument("--data", action="append", default=None,
                      help="feature folder(s) (`features`): the draft vocabulary = the tokens the drafter's dynamic "
                           "shortlists held most often there; default: the drafter's static shortlist")
@@ -463,8 +466,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "prompt_format": args.prompt_format,
             "cpu_weight_layout": "re-laid (prepare_for_cpu)" if is_prepared_for_cpu(target) else "as loaded",
             "machine": machine_description()}
-    if chosen := measured_walk_heads(target):  # what verify_head="auto" took here (none when nothing new ran)
+    if chosen := measured_walk_heads(target):  # what verify_head="auto" took here
         meta["verify_head_auto"] = ", ".join(chosen)
+    elif earlier := bench.earlier_meta(args.out).get("verify_head_auto"):  # nothing new ran: the records' choice
+        meta["verify_head_auto"] = earlier
     summaries = bench.write_results(records, args.out, meta)
     bench.plot_results(summaries, args.out)
     print(bench.markdown_table(summaries))
@@ -543,9 +548,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.draft_vocab_size or args.data:
             raise ValueError("--format vllm-dynaspec scores the router's clusters of the whole vocabulary: drop "
                              "--draft-vocab-size / --data (they choose a static draft vocabulary).")
-        out = export_vllm_dynaspec(drafter, target, args.out)
+        out = export_vllm_dynaspec(drafter, target, args.out, max_union_tokens=args.max_union_tokens)
         print(f"wrote {out} ({args.format}): vLLM runs it with the DynaSpec plugin installed (docs/vllm-plugin.md)")
         return 0
+    if args.max_union_tokens is not None:
+        raise ValueError(f"--max-union-tokens limits the plugin's dynamic head: it needs --format {VLLM_DYNASPEC} "
+                         f"(--format {args.format} writes a static draft vocabulary).")
     out = export_eagle3(drafter, target, args.out, draft_vocab_size=args.draft_vocab_size, token_counts=counts,
                         format=args.format)
     print(f"wrote {out} ({args.format}): serve it with vLLM --speculative-config "

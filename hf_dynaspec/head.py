@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from .clustering import VocabClusters
 from .ops import cluster_head_impl, gathered_lm_head, load_kernel_package, segmented_lm_head
-from .router import select_clusters
+from .router import UnionLimit, select_clusters
 
 HEAD_MODES = ("dynamic", "full", "static", "context", "union")
 LAYOUTS = ("union", "lanes")  # how the router's shortlists are laid out (module docstring)
@@ -122,6 +122,7 @@ class ShortlistHead:
         self.offsets = clusters.offsets.tolist()  # (M + 1,) on the host: the layout slices need no device read
         self.offsets_on_device = clusters.offsets.to(self.device)  # (M + 1,) for the "lanes" layout
         self.lane_width = max(b - a for a, b in zip(self.offsets[:-1], self.offsets[1:]))  # the largest cluster
+        self.cluster_sizes = clusters.offsets.diff().to(self.device)  # (M,)
         self._cluster_head = cluster_head_impl(self.device)  # resolved here: the "lanes" path compiles whole
         self._cluster_lanes = load_kernel_package().cluster_lanes
         # CPU path reads rows in place from a cluster-contiguous copy; CUDA gathers from the original.
@@ -193,13 +194,16 @@ class ShortlistHead:
         context: ContextColumns | None = None,
         static_size: int | None = None,
         layout: str = "union",
+        max_union_tokens: int | None = None,
     ) -> HeadOutput:
         """features: (T, d) drafter outputs -> HeadOutput over the mode's shortlist; k: clusters per position;
         context: the step's `context_columns` ("context" and "union" modes); static_size: use only the first N
         of a frequency-ranked static shortlist ("static" mode; None: all of it); layout: of the router's
-        shortlists ("dynamic" and "union" modes; `LAYOUTS`)."""
+        shortlists ("dynamic" and "union" modes; `LAYOUTS`); max_union_tokens: the most tokens the union of
+        all T positions' clusters may hold (`router.within_union_limit`; "union" layout; None: no limit)."""
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
+        union_limit = self._union_limit(mode, layout, max_union_tokens)
         if mode in CONTEXT_MODES and context is None:
             raise ValueError(f"head_mode={mode!r} needs the step's context columns (`context_columns`).")
         if mode == "context":
@@ -211,7 +215,7 @@ class ShortlistHead:
                 raise ValueError("head_mode='union' needs router logits.")
             if layout == "lanes":
                 return self._lanes(features, router_logits, k, context)
-            return self._dynamic(features, select_clusters(router_logits, k), context)
+            return self._dynamic(features, select_clusters(router_logits, k, union_limit), context)
         if mode == "full":
             logits = self.transform(F.linear(features, self.weight).float())  # (T, V)
             ids = torch.arange(logits.shape[-1], device=self.device)
@@ -231,8 +235,19 @@ class ShortlistHead:
                 raise ValueError("head_mode='dynamic' needs router logits.")
             if layout == "lanes":
                 return self._lanes(features, router_logits, k)
-            return self._dynamic(features, select_clusters(router_logits, k))
+            return self._dynamic(features, select_clusters(router_logits, k, union_limit))
         raise ValueError(f"Unknown head_mode {mode!r}: choose one of {HEAD_MODES}.")
+
+    def _union_limit(self, mode: str, layout: str, max_union_tokens: int | None) -> UnionLimit | None:
+        """(cluster sizes, max_union_tokens) for `select_clusters`; refused where no union of clusters is scored."""
+        if max_union_tokens is None:
+            return None
+        if mode not in ("dynamic", "union") or layout != "union":
+            raise ValueError(f"max_union_tokens limits the union of the router's clusters: it needs head_mode "
+                             f"'dynamic' or 'union' with layout='union', got {mode!r} / {layout!r}.")
+        if max_union_tokens < 1:
+            raise ValueError(f"max_union_tokens must be a positive token count, got {max_union_tokens}.")
+        return self.cluster_sizes, max_union_tokens
 
     def _dynamic(
         self, features: torch.Tensor, selected: torch.Tensor, context: ContextColumns | None = None

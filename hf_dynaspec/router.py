@@ -30,11 +30,14 @@ class ClusterRouter(nn.Module):
         return self.down(self.act(self.up(features)))  # (..., M)
 
 
-def select_clusters(router_logits: torch.Tensor, k: int | list[int] | torch.Tensor) -> torch.Tensor:
+def select_clusters(
+    router_logits: torch.Tensor, k: int | list[int] | torch.Tensor, union_limit: UnionLimit | None = None
+) -> torch.Tensor:
     """Boolean selection of each position's top-k clusters.
 
     router_logits: (T, M); k: an int, or per-position budgets (T,) as a list (read on the host: no device
-    synchronisation) or a tensor -> (T, M) bool with min(k_t, M) True in row t.
+    synchronisation) or a tensor; union_limit: (cluster sizes (M,), most tokens) caps the union of all positions'
+    clusters (`within_union_limit`) -> (T, M) bool with at most min(k_t, M) True in row t.
     """
     num_clusters = router_logits.shape[-1]
     per_row = isinstance(k, list) or torch.is_tensor(k)
@@ -48,8 +51,38 @@ def select_clusters(router_logits: torch.Tensor, k: int | list[int] | torch.Tens
     keep = torch.ones_like(top, dtype=torch.bool)
     if per_row:
         keep = torch.arange(k_max, device=top.device)[None] < k.to(top.device)[:, None]  # (T, k_max)
+    if union_limit is not None:
+        keep = within_union_limit(top, keep, *union_limit)
     selected = torch.zeros_like(router_logits, dtype=torch.bool)
     return selected.scatter_(-1, top, keep)  # (T, M)
+
+
+UnionLimit = tuple[torch.Tensor, int]  # (cluster sizes (M,), the most tokens the union of a call's clusters holds)
+
+
+def within_union_limit(top: torch.Tensor, keep: torch.Tensor, cluster_sizes: torch.Tensor, max_tokens: int) -> torch.Tensor:
+    """Which chosen clusters stay when the union of all T positions' clusters may hold at most `max_tokens` tokens
+    (a batch of unrelated requests would otherwise score the sum of their shortlists; a static list costs the same
+    at any batch size).
+
+    top: (T, K) each position's clusters, best first; keep: (T, K) which of them are chosen -> (T, K) bool.
+    Clusters enter rank by rank (every position's best, then every position's second best, ...; positions in
+    order within a rank), each costing its size when it first enters: the union grows while it fits. Every
+    position keeps its best cluster even past the limit, and any chosen cluster that entered, whoever brought it.
+    """
+    rows, ranks = top.shape
+    num_clusters = cluster_sizes.numel()
+    order = torch.where(keep, top, num_clusters).T.reshape(-1)  # (K*T,) rank-major; unchosen: a sentinel cluster
+    index = torch.arange(order.numel(), device=top.device)
+    first = torch.full((num_clusters + 1,), order.numel(), device=top.device)
+    first = first.scatter_reduce(0, order, index, reduce="amin")  # (M + 1,) where each cluster first enters
+    entering = (first[order] == index) & (order < num_clusters)  # (K*T,)
+    sizes = torch.cat([cluster_sizes.to(top.device), cluster_sizes.new_zeros(1).to(top.device)])
+    fits = torch.cumsum(torch.where(entering, sizes[order], 0), dim=0) <= max_tokens  # (K*T,)
+    admitted = entering & (fits | (index < rows))  # the best cluster of each position always enters
+    in_union = torch.zeros(num_clusters + 1, dtype=torch.bool, device=top.device)
+    in_union[order[admitted]] = True
+    return keep & in_union[top]  # (T, K)
 
 
 Timer = Callable[[str], AbstractContextManager]  # e.g. SpeculativeStats.timer: name -> context manager

@@ -8,7 +8,8 @@ The folder is the EAGLE-3 layout of `interchange.export_eagle3` with three diffe
                         clusters of the target's own LM head (vLLM shares it with a draft that has none) and
                         returns full-vocabulary logits, -inf outside the shortlist, as vLLM's proposer expects
     "dynaspec"          the head's settings (clusters, budgets k0 -> k1 over the chain's depths, always-included
-                        ids, the target's logit soft-cap), and the tensors router.{up,down}.{weight,bias},
+                        ids, the target's logit soft-cap, `max_union_tokens`: the most tokens one draft step of a
+                        batch scores, null for no limit), and the tensors router.{up,down}.{weight,bias},
                         cluster_permutation, cluster_offsets in model.safetensors
 `read_head` rebuilds the shortlisted head from a folder and the target's LM-head weight: the plugin's and the
 tests' one way in, so what the folder holds is what scores drafts.
@@ -61,8 +62,13 @@ def dynaspec_settings(drafter: DynaSpecDrafter, target: PreTrainedModel) -> dict
     }
 
 
-def export_vllm_dynaspec(drafter: DynaSpecDrafter, target: PreTrainedModel, out_dir: str | os.PathLike) -> Path:
-    """Write `drafter` (EAGLE-3 architecture, bound to `target`) as a vllm-dynaspec folder (module docstring)."""
+def export_vllm_dynaspec(drafter: DynaSpecDrafter, target: PreTrainedModel, out_dir: str | os.PathLike,
+                         max_union_tokens: int | None = None) -> Path:
+    """Write `drafter` (EAGLE-3 architecture, bound to `target`) as a vllm-dynaspec folder (module docstring).
+    max_union_tokens: the most tokens the union of a batch's shortlists may hold in one draft step (the plugin
+    keeps each request's best clusters first, `router.within_union_limit`); None: no limit."""
+    if max_union_tokens is not None and max_union_tokens < 1:
+        raise ValueError(f"max_union_tokens must be a positive token count (or None), got {max_union_tokens}.")
     if not drafter.is_eagle3:
         raise ValueError("Only drafter_architecture='eagle3' drafters have a vLLM EAGLE-3 equivalent.")
     drafter.check_target(target)
@@ -70,7 +76,7 @@ def export_vllm_dynaspec(drafter: DynaSpecDrafter, target: PreTrainedModel, out_
     vocab = drafter.config.vocab_size
     config = eagle3_config(drafter, target, vocab) | {"architectures": [ARCHITECTURE]}
     config["dynaspec"] = {"exported_from": "hf_dynaspec", "target_name_or_path": drafter.config.target_name_or_path,
-                          **dynaspec_settings(drafter, target)}
+                          **dynaspec_settings(drafter, target), "max_union_tokens": max_union_tokens}
     tensors = export_tensors(drafter, target, torch.arange(vocab), LAYER_PREFIX["eagle3"])
     tensors.pop("lm_head.weight")  # the target's own head is shared (every id: no d2t / t2d either)
     state = drafter.state_dict()

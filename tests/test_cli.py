@@ -79,6 +79,10 @@ def test_bench_on_a_tiny_target(tmp_path, capsys):
         bench.bench_prompt = original
     assert len(calls) == 2 * 13 - 1 and json.loads(lines[0])["question_id"] not in calls
     assert len(json.loads((out / "results.json").read_text())["records"]) == 5 * 2 * 13
+    # a rerun with nothing left to measure keeps what verify_head="auto" took for the records
+    assert main(["bench", "--target", "tiny", "--drafter", str(drafter), "--limit", "2", "--max-new-tokens", "8",
+                 "--methods", "plain,dynaspec,full,dynaspec-dyspec,prompt-lookup", "--out", str(out)]) == 0
+    assert "of rows / columns / prefilter)" in json.loads((out / "results.json").read_text())["meta"]["verify_head_auto"]
 
     # but never with other settings or another drafter: their records would mix with these
     args = ["bench", "--target", "tiny", "--drafter", str(drafter), "--limit", "2", "--methods", "plain,dynaspec",

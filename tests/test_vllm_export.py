@@ -71,6 +71,12 @@ def test_cli_writes_it_and_refuses_a_static_vocabulary(tmp_path, drafter, target
     assert cli.main(["export", str(tmp_path / "d"), str(tmp_path / "f"), "--format", "vllm-dynaspec",
                      "--draft-vocab-size", "64"]) == 1
     assert "drop --draft-vocab-size" in capsys.readouterr().err
+    assert json.loads((tmp_path / "e" / "config.json").read_text())["dynaspec"]["max_union_tokens"] is None
+    assert cli.main(["export", str(tmp_path / "d"), str(tmp_path / "g"), "--format", "vllm-dynaspec",
+                     "--max-union-tokens", "48"]) == 0
+    assert json.loads((tmp_path / "g" / "config.json").read_text())["dynaspec"]["max_union_tokens"] == 48
+    assert cli.main(["export", str(tmp_path / "d"), str(tmp_path / "h"), "--max-union-tokens", "48"]) == 1
+    assert "needs --format vllm-dynaspec" in capsys.readouterr().err
 
 
 def test_a_folder_without_settings_is_refused(tmp_path, target):

@@ -5,7 +5,8 @@
 #     on the tuning prompts in the chat template; README block "vllm-serving-results".
 #   TARGET=gemma3: a Gemma 3 270M drafter (DRAFTER, default the multilingual recipe's runs/gemma3-ml/ckpt; its layer
 #     must be silu), static exports with a 32,768-token draft vocabulary and with the whole vocabulary (the full
-#     head), and the plugin, on the held-out language slice (2 prompts per language, "Question: ...\nAnswer:", the base model's format);
+#     head), and the plugin (no union limit, and limits of 32,768 and 16,384 tokens), on the held-out language
+#     slice (2 prompts per language, "Question: ...\nAnswer:", the base model's format);
 #     README block "vllm-serving-gemma3".
 # From a fresh clone: `make env`, then
 #   bash benchmarks/serving/run.sh              (resumes: a configuration already measured in OUT is kept)
@@ -42,8 +43,13 @@ case "$TARGET" in
         export_draft static-32k --draft-vocab-size 32768
         export_draft full --draft-vocab-size 262144
         export_draft dynaspec --format vllm-dynaspec
+        # the plugin with the union of a batch's shortlists limited (docs/vllm-plugin.md §5): at most the static
+        # export's draft vocabulary, and half of it
+        export_draft dynaspec-u32k --format vllm-dynaspec --max-union-tokens 32768
+        export_draft dynaspec-u16k --format vllm-dynaspec --max-union-tokens 16384
         DRAFTS=(static-32k="$WORK/$TARGET-static-32k" full-head="$WORK/$TARGET-full"
-                dynaspec-plugin="$WORK/$TARGET-dynaspec");;
+                dynaspec-plugin="$WORK/$TARGET-dynaspec" dynaspec-plugin-u32k="$WORK/$TARGET-dynaspec-u32k"
+                dynaspec-plugin-u16k="$WORK/$TARGET-dynaspec-u16k");;
     *) echo "TARGET must be smollm2 or gemma3, got $TARGET" >&2; exit 2;;
 esac
 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} "$VENV/bin/python" benchmarks/serving/vllm_bench.py \

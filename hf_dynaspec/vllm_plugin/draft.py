@@ -9,7 +9,8 @@ full-vocabulary logits. Here:
   its rows to `compute_logits`; the output fed to the next step keeps its width d);
 - `compute_logits` runs the router on those rows, keeps each row's top-k_c(t) clusters (k0 -> k1 over the K
   drafts, t counted from `combine_hidden_states`) and scores their tokens with the target's own LM head (vLLM
-  shares it with a draft that has none): (rows, V) logits, -inf outside each row's shortlist;
+  shares it with a draft that has none): (rows, V) logits, -inf outside each row's shortlist; with the export's
+  `max_union_tokens`, the union of the rows' clusters (one GEMM) holds at most that many tokens;
 - `get_top_tokens` returns the shortlist's argmax as target ids without building the (rows, V) tensor.
 """
 
@@ -86,4 +87,4 @@ class DynaSpecEagle3(Eagle3LlamaForCausalLM):
         self._depth += 1
         features = rows[:, :d].to(head.weight.dtype)
         router_logits = router(rows[:, d:].to(router.up.weight.dtype))
-        return head.logits(features, "dynamic", router_logits, k)
+        return head.logits(features, "dynamic", router_logits, k, max_union_tokens=settings.get("max_union_tokens"))
