@@ -238,6 +238,31 @@ def frozen(module: torch.nn.Module) -> Iterator[None]:
 
 
 # ----------------------------------------------------------------------------------------------- training
+def check_train_args(drafter, unroll: int, length_pool: int, head_vocab: int | None, head_target_top: int) -> None:
+    """`train_drafter`'s settings that no data can make right, refused before anything loads."""
+    if unroll < 1:
+        raise ValueError(f"unroll must be >= 1 (draft steps trained per position), got {unroll}.")
+    if length_pool < 1:
+        raise ValueError(f"length_pool must be >= 1 (batches drawn at once and grouped by length), got {length_pool}.")
+    if head_vocab is not None and not 0 < head_vocab <= drafter.config.vocab_size:
+        raise ValueError(f"head_vocab must be in 1..{drafter.config.vocab_size} (tokens always scored), got "
+                         f"{head_vocab}.")
+    if head_target_top < 1:
+        raise ValueError(f"head_target_top must be >= 1 (the target's greedy token is always a candidate), got "
+                         f"{head_target_top}.")
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], loss: torch.Tensor,
+                   grad_clip: float) -> float:
+    """One update: gradients of `loss`, their global norm clipped to `grad_clip`, the optimizer's step. Returns
+    the loss as a float."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    optimizer.step()
+    return float(loss.detach())
+
+
 def train_drafter(
     drafter,
     target,
@@ -289,15 +314,7 @@ def train_drafter(
     "start_step", "tokens_per_s", "curve", "eval": evaluate_drafter(...) on the held-out conversations}."""
     weights = weights or LossWeights()
     warmup = max(1, steps // 20) if warmup is None else warmup
-    if unroll < 1:
-        raise ValueError(f"unroll must be >= 1 (draft steps trained per position), got {unroll}.")
-    if length_pool < 1:
-        raise ValueError(f"length_pool must be >= 1 (batches drawn at once and grouped by length), got {length_pool}.")
-    if head_vocab is not None and not 0 < head_vocab <= drafter.config.vocab_size:
-        raise ValueError(f"head_vocab must be in 1..{drafter.config.vocab_size} (tokens always scored), got {head_vocab}.")
-    if head_target_top < 1:
-        raise ValueError(f"head_target_top must be >= 1 (the target's greedy token is always a candidate), got "
-                         f"{head_target_top}.")
+    check_train_args(drafter, unroll, length_pool, head_vocab, head_target_top)
     drafter.bind(target)
     train, groups, sizes = load_split_groups(data_dir, heldout_fraction, seed)
     candidates = None if head_vocab is None else Candidates(
@@ -337,12 +354,7 @@ def train_drafter(
                                 enabled=autocast_dtype is not None):
                 parts = drafter_losses(drafter, batch, head_positions, router_top_l, soft_targets, generator,
                                        unroll, unroll_decay, dense, candidates)
-                loss = weights.total(parts)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, grad_clip)
-            optimizer.step()
-            history.append(float(loss.detach()))
+            history.append(optimizer_step(optimizer, params, weights.total(parts), grad_clip))
             tokens += int(batch.valid.sum())
             seen = seen_before + tokens
             bar.set_postfix(loss=f"{history[-1]:.3f}", top1=f"{float(parts['top1']):.2f}")
