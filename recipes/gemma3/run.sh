@@ -157,11 +157,14 @@ stage bench-languages "${BENCH[@]}" --limit "$LANG_LIMIT" --prompts data/multili
 stage bench-code "${BENCH[@]}" --prompts data/code_heldout.jsonl --prompt-format plain --out "$OUT-code"
 stage bench-spec "${BENCH[@]}" --limit "$LIMIT" --prompt-format qa --out "$OUT-spec-bench"
 # root recall at every position of each slice's plain continuation (the runs' stored outputs): the target's next
-# token and the drafter's full-head top-1, in DynaSpec's shortlist and each static list the run measured
+# token and the drafter's full-head top-1, in DynaSpec's shortlist and each static list the run measured; once per
+# finished slice (its root_recall.json is committed: delete it to measure again)
 RECALL=(python recipes/gemma3/root_recall.py --target gemma3 --drafter "$DRAFTER" --threads 2)
-stage recall-languages "${RECALL[@]}" --bench "$OUT-languages" --prompts data/multilingual_slice.jsonl --prompt-format qa
-stage recall-code "${RECALL[@]}" --bench "$OUT-code" --prompts data/code_heldout.jsonl --prompt-format plain
-stage recall-spec "${RECALL[@]}" --bench "$OUT-spec-bench" --prompt-format qa
+[ -f "$OUT-languages/root_recall.json" ] || stage recall-languages "${RECALL[@]}" --bench "$OUT-languages" \
+    --prompts data/multilingual_slice.jsonl --prompt-format qa
+[ -f "$OUT-code/root_recall.json" ] || stage recall-code "${RECALL[@]}" --bench "$OUT-code" \
+    --prompts data/code_heldout.jsonl --prompt-format plain
+[ -f "$OUT-spec-bench/root_recall.json" ] || stage recall-spec "${RECALL[@]}" --bench "$OUT-spec-bench" --prompt-format qa
 
 # 8. the report: every condition of the issue, per-slice tables, the fastest shortlist mode, README block
 #    (conditions.md / .json in $OUT-languages); then the drafter ships with that mode as its default and the card
