@@ -26,7 +26,7 @@ The router's shortlists come in two layouts (`LAYOUTS`), with the same finite co
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +37,7 @@ from .ops import cluster_head_impl, gathered_lm_head, load_kernel_package, segme
 from .router import UnionLimit, select_clusters
 
 HEAD_MODES = ("dynamic", "full", "static", "context", "union")
+ClusterGemm = Callable[[torch.Tensor, list[int]], torch.Tensor]  # (features (T, d), clusters) -> (T, S) logits
 LAYOUTS = ("union", "lanes")  # how the router's shortlists are laid out (module docstring)
 CONTEXT_MODES = ("context", "union")  # the modes that read the context's token ids
 STATIC_SIZED_MODES = ("static", "context")  # the modes that read the static shortlist (`static_size` sizes it)
@@ -127,6 +128,7 @@ class ShortlistHead:
         self._cluster_lanes = load_kernel_package().cluster_lanes
         # CPU path reads rows in place from a cluster-contiguous copy; CUDA gathers from the original.
         self.weight_by_cluster = weight.index_select(0, self.permutation) if not weight.is_cuda else None
+        self.cluster_gemm: ClusterGemm | None = None  # another CPU GEMM for the union's clusters (`use_cluster_gemm`)
         self.cluster_of_position = self.cluster_of_token[self.permutation]  # (V,) cluster of each sorted row
         self.extra_id_list = sorted({int(i) for i in always_include_ids})  # host copy: context columns read it
         self.extra_ids = torch.tensor(self.extra_id_list, dtype=torch.long, device=self.device)
@@ -238,6 +240,15 @@ class ShortlistHead:
             return self._dynamic(features, select_clusters(router_logits, k, union_limit))
         raise ValueError(f"Unknown head_mode {mode!r}: choose one of {HEAD_MODES}.")
 
+    def use_cluster_gemm(self, gemm: ClusterGemm) -> None:
+        """Score the "union" layout's clusters on a CPU with `gemm` (features (T, d), the union's clusters ascending)
+        -> (T, S) logits, each cluster's rows in the cluster-sorted order of `weight_by_cluster`: a serving engine's
+        own prepacked matmul (the vLLM plugin's oneDNN one), in place of `ops.segmented_lm_head`."""
+        if self.weight_by_cluster is None:
+            raise ValueError("use_cluster_gemm replaces the CPU path's GEMM; this head is on a GPU (the gathered "
+                             "kernel scores its clusters).")
+        self.cluster_gemm = gemm
+
     def _union_limit(self, mode: str, layout: str, max_union_tokens: int | None) -> UnionLimit | None:
         """(cluster sizes, max_union_tokens) for `select_clusters`; refused where no union of clusters is scored."""
         if max_union_tokens is None:
@@ -264,8 +275,10 @@ class ShortlistHead:
             ends = [self.offsets[c + 1] for c in union]
             positions = torch.cat([torch.arange(a, b) for a, b in zip(starts, ends)] or [torch.arange(0)])  # (S,)
             token_ids = self.permutation[positions]  # (S,)
-            # adjacent clusters' rows are one GEMM: segmented_lm_head merges touching ranges itself
-            logits = segmented_lm_head(features, self.weight_by_cluster, starts, ends).float()  # (T, S)
+            if self.cluster_gemm is not None:
+                logits = self.cluster_gemm(features, union).float()  # (T, S)
+            else:  # adjacent clusters' rows are one GEMM: segmented_lm_head merges touching ranges itself
+                logits = segmented_lm_head(features, self.weight_by_cluster, starts, ends).float()  # (T, S)
         own = selected[:, self.cluster_of_token[token_ids]]  # (T, S)
         # Always-included ids (EOS) and, in "union" mode, the context's tokens: a column each, live unless the
         # position's own clusters already hold the token.

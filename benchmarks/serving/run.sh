@@ -5,7 +5,7 @@
 #     on the tuning prompts in the chat template; README block "vllm-serving-results".
 #   TARGET=gemma3: a Gemma 3 270M drafter (DRAFTER, default the multilingual recipe's runs/gemma3-ml/ckpt; its layer
 #     must be silu), static exports with a 32,768-token draft vocabulary and with the whole vocabulary (the full
-#     head), and the plugin (no union limit, and limits of 32,768 and 16,384 tokens), on the held-out language
+#     head), and the plugin (no union limit, and limits of 32,768, 16,384 and 8,192 tokens), on the held-out language
 #     slice (2 prompts per language, "Question: ...\nAnswer:", the base model's format);
 #     README block "vllm-serving-gemma3".
 # From a fresh clone: `make env`, then
@@ -47,11 +47,16 @@ case "$TARGET" in
         # export's draft vocabulary, and half of it
         export_draft dynaspec-u32k --format vllm-dynaspec --max-union-tokens 32768
         export_draft dynaspec-u16k --format vllm-dynaspec --max-union-tokens 16384
+        export_draft dynaspec-u8k --format vllm-dynaspec --max-union-tokens 8192
         DRAFTS=(static-32k="$WORK/$TARGET-static-32k" full-head="$WORK/$TARGET-full"
                 dynaspec-plugin="$WORK/$TARGET-dynaspec" dynaspec-plugin-u32k="$WORK/$TARGET-dynaspec-u32k"
-                dynaspec-plugin-u16k="$WORK/$TARGET-dynaspec-u16k");;
+                dynaspec-plugin-u16k="$WORK/$TARGET-dynaspec-u16k" dynaspec-plugin-u8k="$WORK/$TARGET-dynaspec-u8k");;
     *) echo "TARGET must be smollm2 or gemma3, got $TARGET" >&2; exit 2;;
 esac
+if [ "$TARGET" = gemma3 ]; then  # the plugin head's GEMMs alone: torch.mm vs vLLM's oneDNN, beside the static head's
+    "$VENV/bin/python" benchmarks/serving/cluster_gemm.py --target "$WORK/$TARGET" --draft "$WORK/$TARGET-dynaspec" \
+        --out "$OUT"
+fi
 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} "$VENV/bin/python" benchmarks/serving/vllm_bench.py \
     --target "$WORK/$TARGET" --draft "${DRAFTS[@]}" --out "$OUT" "${PROMPT_ARGS[@]}" \
     --runs-only  # vLLM's environment has no matplotlib: the project's summarizes

@@ -12,6 +12,7 @@ full-vocabulary logits. Here:
   shares it with a draft that has none): (rows, V) logits, -inf outside each row's shortlist; with the export's
   `max_union_tokens`, the union of the rows' clusters (one GEMM) holds at most that many tokens;
 - `get_top_tokens` returns the shortlist's argmax as target ids without building the (rows, V) tensor.
+On a CPU the clusters' rows are scored by vLLM's own prepacked oneDNN matmul (`onednn.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
 from ..configuration import cluster_budget
 from ..head import HeadOutput
 from ..vllm_export import CLUSTERS, ROUTER, head_from_tensors
+from .onednn import use_onednn
 
 
 class DynaSpecEagle3(Eagle3LlamaForCausalLM):
@@ -80,6 +82,7 @@ class DynaSpecEagle3(Eagle3LlamaForCausalLM):
         """The shortlisted head on rows (B, 3d) = [the layer's output; the router's input], at this draft's depth."""
         if self._shortlist is None:
             self._shortlist = head_from_tensors(self._tensors, self.dynaspec, self.lm_head.weight)
+            use_onednn(self._shortlist[0])  # vLLM's packed CPU matmul for the clusters, where it has one
         head, router = self._shortlist
         d, settings = self.config.hidden_size, self.dynaspec
         k = cluster_budget(self._depth, self.num_drafts, settings["shortlist_k0"], settings["shortlist_k1"],
