@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from .clustering import VocabClusters
 from .ops import cluster_head_impl, gathered_lm_head, load_kernel_package, segmented_lm_head
-from .router import UnionLimit, select_clusters
+from .router import UnionLimit, check_max_union_tokens, select_clusters
 
 HEAD_MODES = ("dynamic", "full", "static", "context", "union")
 ClusterGemm = Callable[[torch.Tensor, list[int]], torch.Tensor]  # (features (T, d), clusters) -> (T, S) logits
@@ -256,8 +256,7 @@ class ShortlistHead:
         if mode not in ("dynamic", "union") or layout != "union":
             raise ValueError(f"max_union_tokens limits the union of the router's clusters: it needs head_mode "
                              f"'dynamic' or 'union' with layout='union', got {mode!r} / {layout!r}.")
-        if max_union_tokens < 1:
-            raise ValueError(f"max_union_tokens must be a positive token count, got {max_union_tokens}.")
+        check_max_union_tokens(max_union_tokens)
         return self.cluster_sizes, max_union_tokens
 
     def _dynamic(

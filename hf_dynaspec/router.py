@@ -60,6 +60,12 @@ def select_clusters(
 UnionLimit = tuple[torch.Tensor, int]  # (cluster sizes (M,), the most tokens the union of a call's clusters holds)
 
 
+def check_max_union_tokens(max_union_tokens: int | None) -> None:
+    """A union limit is a positive token count, or None for no limit."""
+    if max_union_tokens is not None and max_union_tokens < 1:
+        raise ValueError(f"max_union_tokens must be a positive token count (or None: no limit), got {max_union_tokens}.")
+
+
 def within_union_limit(top: torch.Tensor, keep: torch.Tensor, cluster_sizes: torch.Tensor, max_tokens: int) -> torch.Tensor:
     """Which chosen clusters stay when the union of all T positions' clusters may hold at most `max_tokens` tokens
     (a batch of unrelated requests would otherwise score the sum of their shortlists; a static list costs the same

@@ -39,7 +39,7 @@ from .clustering import OFFSETS_KEY, PERMUTATION_KEY, VocabClusters
 from .head import LogitTransform, ShortlistHead
 from .interchange import LAYER_PREFIX, WEIGHTS, eagle3_config, export_tensors, servable_layer
 from .modeling import DynaSpecDrafter
-from .router import ClusterRouter
+from .router import ClusterRouter, check_max_union_tokens
 
 ARCHITECTURE = "Eagle3DynaSpecLlamaForCausalLM"
 ROUTER = ("router.up.weight", "router.up.bias", "router.down.weight", "router.down.bias")
@@ -67,8 +67,7 @@ def export_vllm_dynaspec(drafter: DynaSpecDrafter, target: PreTrainedModel, out_
     """Write `drafter` (EAGLE-3 architecture, bound to `target`) as a vllm-dynaspec folder (module docstring).
     max_union_tokens: the most tokens the union of a batch's shortlists may hold in one draft step (the plugin
     keeps each request's best clusters first, `router.within_union_limit`); None: no limit."""
-    if max_union_tokens is not None and max_union_tokens < 1:
-        raise ValueError(f"max_union_tokens must be a positive token count (or None), got {max_union_tokens}.")
+    check_max_union_tokens(max_union_tokens)
     if not drafter.is_eagle3:
         raise ValueError("Only drafter_architecture='eagle3' drafters have a vLLM EAGLE-3 equivalent.")
     drafter.check_target(target)

@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
+import sys
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-from hf_dynaspec.machine import machine_description
-from hf_dynaspec.vllm_export import read_head
-from hf_dynaspec.vllm_plugin.onednn import onednn_cluster_gemm
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the head benchmark's timer
+from bench_head import median_ms  # noqa: E402
+
+from hf_dynaspec.machine import machine_description  # noqa: E402
+from hf_dynaspec.vllm_export import read_head  # noqa: E402
+from hf_dynaspec.vllm_plugin.onednn import onednn_cluster_gemm  # noqa: E402
 
 STATIC_ROWS = 32768
+CPU = torch.device("cpu")
 
 
 def lm_head_weight(target: Path) -> torch.Tensor:
@@ -33,32 +37,25 @@ def lm_head_weight(target: Path) -> torch.Tensor:
         return f.get_tensor(names[0]).float()
 
 
-def ms_per_call(fn, repeats: int) -> float:
-    fn()  # warm
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - start) / repeats * 1e3
-
-
-def measure(head, router, weight: torch.Tensor, rows: int, k: int, repeats: int) -> dict:
-    """One row of the table: ms per head call with each GEMM, and the union's size."""
-    from vllm import _custom_ops as ops
-
+def measure(head, router, gemm, static_mm, rows: int, k: int, repeats: int) -> dict:
+    """One row of the table: ms per head call with torch.mm and with the packed `gemm`, ms of the static head's
+    matmul `static_mm` on the same rows, and the union's size."""
     generator = torch.Generator().manual_seed(rows)
-    features = torch.randn(rows, weight.shape[1], generator=generator)  # (B, d)
+    features = torch.randn(rows, head.weight.shape[1], generator=generator)  # (B, d)
     with torch.no_grad():
         router_logits = router(torch.randn(rows, router.up.in_features, generator=generator))  # (B, M)
-    gemm = onednn_cluster_gemm(head.weight_by_cluster, head.offsets)
-    head.cluster_gemm = None
-    torch_out = head.logits(features, "dynamic", router_logits, k)
-    torch_ms = ms_per_call(lambda: head.logits(features, "dynamic", router_logits, k), repeats)
+
+    def call():
+        return head.logits(features, "dynamic", router_logits, k)
+
+    head.cluster_gemm = None  # ops.segmented_lm_head
+    torch_out = call()
+    torch_ms = median_ms(call, repeats, 1, CPU)
     head.use_cluster_gemm(gemm)
-    onednn_out = head.logits(features, "dynamic", router_logits, k)
-    onednn_ms = ms_per_call(lambda: head.logits(features, "dynamic", router_logits, k), repeats)
+    onednn_out = call()
+    onednn_ms = median_ms(call, repeats, 1, CPU)
     torch.testing.assert_close(onednn_out.logits, torch_out.logits, rtol=1e-4, atol=1e-3)  # same scores
-    static = ops.create_onednn_mm(weight[:STATIC_ROWS].t(), 32)
-    static_ms = ms_per_call(lambda: ops.onednn_mm(static, features, None), repeats)
+    static_ms = median_ms(lambda: static_mm(features), repeats, 1, CPU)
     union = int(torch_out.token_ids.numel())
     return {"rows": rows, "clusters_per_row": k, "union_tokens": union, "torch_mm_ms": torch_ms,
             "onednn_ms": onednn_ms, "static_32k_onednn_ms": static_ms}
@@ -67,7 +64,7 @@ def measure(head, router, weight: torch.Tensor, rows: int, k: int, repeats: int)
 def markdown(results: dict) -> str:
     lines = [f"Plugin head per draft call (cluster choice, GEMMs, masking; router excluded), {results['machine']}, "
              f"fp32, random router "
-             f"inputs, {results['repeats']} calls each. `python benchmarks/serving/cluster_gemm.py`", "",
+             f"inputs, median of {results['repeats']} calls. `python benchmarks/serving/cluster_gemm.py`", "",
              "| rows | clusters per row | union (tokens) | torch.mm (ms) | oneDNN (ms) | static 32k, vLLM's oneDNN matmul "
              "only (ms) |", "|---|---|---|---|---|---|"]
     for r in results["rows"]:
@@ -87,10 +84,18 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     weight = lm_head_weight(args.target)
     head, router, settings = read_head(args.draft, weight)
-    if onednn_cluster_gemm(head.weight_by_cluster[:1], [0, 1]) is None:
+    gemm = onednn_cluster_gemm(head.weight_by_cluster, head.offsets)  # packed once, as the plugin does
+    if gemm is None:
         raise SystemExit("This vLLM build has no oneDNN matmul (vllm._custom_ops._supports_onednn): nothing to compare.")
+    from vllm import _custom_ops as ops
+
+    static = ops.create_onednn_mm(weight[:STATIC_ROWS].t(), 32)  # as vLLM packs a static draft head
+
+    def static_mm(features: torch.Tensor) -> torch.Tensor:
+        return ops.onednn_mm(static, features, None)
+
     budgets = sorted({settings["shortlist_k0"], settings["shortlist_k1"]}, reverse=True)
-    rows = [measure(head, router, weight, b, k, args.repeats) for b in (1, 8) for k in budgets]
+    rows = [measure(head, router, gemm, static_mm, b, k, args.repeats) for b in (1, 8) for k in budgets]
     results = {"machine": machine_description(), "threads": args.threads, "repeats": args.repeats, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cluster_gemm.json").write_text(json.dumps(results, indent=1) + "\n")

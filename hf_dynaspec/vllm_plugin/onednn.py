@@ -34,11 +34,7 @@ def onednn_cluster_gemm(weight_by_cluster: torch.Tensor, offsets: list[int]) -> 
     return gemm
 
 
-def use_onednn(head: ShortlistHead) -> bool:
-    """Score `head`'s union of clusters with vLLM's oneDNN matmul where it has one; whether it does."""
-    if head.weight_by_cluster is None:
-        return False
-    gemm = onednn_cluster_gemm(head.weight_by_cluster, head.offsets)
-    if gemm is not None:
+def use_onednn(head: ShortlistHead) -> None:
+    """Score `head`'s union of clusters with vLLM's oneDNN matmul where it has one (a CPU head)."""
+    if head.weight_by_cluster is not None and (gemm := onednn_cluster_gemm(head.weight_by_cluster, head.offsets)):
         head.use_cluster_gemm(gemm)
-    return gemm is not None

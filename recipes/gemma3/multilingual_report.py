@@ -168,17 +168,20 @@ def fastest_mode(slices: dict[str, tuple[list[Summary], list[dict]]]) -> tuple[s
     most tokens/s over every slice's prompts together (new tokens / seconds, pooled), and each mode's figure. None
     unless router, in-context and union ran on every slice."""
     pooled: dict[str, list[float]] = {}  # method -> [new tokens, seconds, slices that ran it]
+    required: set[str] = set()  # the router, in-context and union methods
     for summaries, records in slices.values():
         overall = by_method(summaries)
+        modes = [s.method for s in shortlist_modes(overall).values()]
+        required.update(modes)
         equal = find_method(overall, "static")
-        for summary in [*shortlist_modes(overall).values(), *([equal] if equal else [])]:
-            runs = [r for r in records if r["method"] == summary.method]
-            total = pooled.setdefault(summary.method, [0, 0.0, 0])
+        for method in [*modes, *([equal.method] if equal else [])]:
+            runs = [r for r in records if r["method"] == method]
+            total = pooled.setdefault(method, [0, 0.0, 0])
             total[0] += sum(r["new_tokens"] for r in runs)
             total[1] += sum(r["seconds"] for r in runs)
             total[2] += 1
     complete = {m: tokens / seconds for m, (tokens, seconds, ran) in pooled.items() if ran == len(slices)}
-    if len([m for m in complete if not m.startswith("static")]) < 3:
+    if len(required & complete.keys()) < 3:
         return None, "not measured (router, in-context and union must each run on every slice)"
     best = max(complete, key=complete.get)
     return best, ", ".join(f"`{m}` {v:.1f}" for m, v in sorted(complete.items(), key=lambda kv: -kv[1]))
