@@ -74,7 +74,7 @@ def runs(tmp_path):
 
 def test_conditions_follow_the_figures(runs):
     lang, spec, curve = runs
-    found, best, text = report.report(lang, None, spec, curve)
+    found, best, text, _ = report.report(lang, None, spec, curve)
     assert best is None and "Fastest shortlist mode: not measured" in text  # no in-context / union runs
     got = by_name(found)
     assert got["greedy output identical to plain greedy"].holds
@@ -93,13 +93,13 @@ def test_conditions_follow_the_figures(runs):
 
 def test_missing_runs_and_methods_read_not_measured(runs, tmp_path):
     lang, _, _ = runs
-    found, _, _ = report.report(lang, None, None, None)
+    found = report.report(lang, None, None, None).found
     got = by_name(found)
     assert got["Spec-Bench conditions"].holds is None
     assert got["held-out top-1 at depth 1, English positions"].holds is None
     bare = write_run(tmp_path / "bare", ["lang-zh"], {"plain": 1.0, "dynaspec": 2.0, "full": 2.0},
                      {"plain": None, "dynaspec": 0.9, "full": 1.0}, {"plain": 10, "dynaspec": 20, "full": 12})
-    found, _, _ = report.report(bare, None, None, None)
+    found = report.report(bare, None, None, None).found
     assert by_name(found)["DynaSpec vs the equal-size static list, language slices"].holds is None
 
 
@@ -114,6 +114,14 @@ def test_root_recall_tables_follow_when_measured(runs):
     assert "| overall | 100 | 50.0% | 90.0% / 95.0% / 45.0% (5,000) | 80.0% / 95.0% / 40.0% (5,000) |" in text
     # the ceiling: the full head's right root drafts over the equal-size list's (0.5 / 0.4), DynaSpec's (0.45 / 0.4)
     assert f"more than 1.250x as often as {EQUAL} (DynaSpec: 1.125x)" in text
+    # every slice with a recall file gets its own ceiling, in the report and in the docs block
+    (spec / "root_recall.json").write_text(json.dumps({"meta": {"shortlist_k0": 8}, "categories": {"overall": {
+        "positions": 10, "full head": {"next": 0.6}, "dynaspec": counts, EQUAL: counts | {"draft": 0.5}}}}))
+    got = report.report(lang, None, spec, curve)
+    paragraphs = got.why.split("\n\n")
+    assert paragraphs[0].startswith("Language slices: ") and "1.250x" in paragraphs[0]
+    assert paragraphs[1].startswith("English Spec-Bench: ") and "more than 1.200x" in paragraphs[1]
+    assert paragraphs[2].startswith("Fastest shortlist mode") and all(p in got.text for p in paragraphs)
 
 
 def test_the_fastest_mode_is_pooled_over_every_slice(tmp_path):
@@ -123,7 +131,7 @@ def test_the_fastest_mode_is_pooled_over_every_slice(tmp_path):
     speed = dict.fromkeys(modes, 10)  # summaries' tokens/s: the choice reads the records (new tokens / seconds)
     lang = write_run(tmp_path / "lang", ["lang-zh"], modes, recall, speed)
     spec = write_run(tmp_path / "spec", ["writing"], modes | {"union": 3.0, "dynaspec": 3.4}, recall, speed)
-    found, best, text = report.report(lang, None, spec, None)
+    found, best, text, _ = report.report(lang, None, spec, None)
     assert best == "dynaspec"  # (33 + 34) x 2 tokens in 4 s beats the union's (35 + 30) x 2
     assert f"(tokens/s): `dynaspec` 33.5, `union` 32.5, `context[static_size=2048]` 30.0, `{EQUAL}` 30.0" in text
     # the equal-size static list competes too: where it is the fastest, it is the default the figures name

@@ -4,9 +4,10 @@ slices (`data/multilingual_slice.jsonl`, one category per language), the held-ou
 folder). Every condition the issue sets, measured against its goal; per-slice tables of accepted length, root
 recall and recovery; the fastest shortlist mode over every slice (`fastest_mode` in conditions.json, the default
 `export.py` ships). Writes `conditions.json` / `conditions.md` into the language run's folder and prints the
-markdown; every figure comes from the runs, a condition whose methods are missing reads "not measured". Where a
-slice's folder holds `root_recall.json` (root_recall.py: recall at every continuation position against the
-target's next token and the drafter's full-head top-1), its table follows.
+markdown; with --readme also the README's block and docs/architecture.md's (what decides between the modes). Every
+figure comes from the runs, a condition whose methods are missing reads "not measured". Where a slice's folder
+holds `root_recall.json` (root_recall.py: recall at every continuation position against the target's next token
+and the drafter's full-head top-1), its table and its root-draft ceiling follow.
 
 Methods read (as `hf-dynaspec bench --methods` spells them): `plain`, `dynaspec`, `full`, `static` (32,768 ranked
 tokens), `static[static_size=N]` (the equal-size static list), `context[...]`, `union`, and
@@ -25,11 +26,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import root_recall  # noqa: E402
 from languages import LANGUAGES  # noqa: E402
 from summarize import (  # noqa: E402
+    ROOT,
     Condition,
     by_method,
     find_method,
@@ -39,10 +42,12 @@ from summarize import (  # noqa: E402
     write_conditions,
 )
 
-from hf_dynaspec.bench import Summary  # noqa: E402
+from hf_dynaspec.bench import Summary, write_doc_block  # noqa: E402
 from hf_dynaspec.generation.stats import SpeculativeStats  # noqa: E402
 
 README_BLOCK = "gemma3-multilingual-results"
+DOC_BLOCK = "gemma3-multilingual-why"  # in docs/architecture.md
+SLICE_NAMES = {"languages": "Language slices", "code": "Code slice", "spec-bench": "English Spec-Bench"}
 NON_LATIN = tuple(code for code, spec in LANGUAGES.items() if spec["script"] != "latin")
 ALONE = "dynaspec[lookup_num_tokens=0]"
 
@@ -225,10 +230,31 @@ def ceiling_line(recall: dict | None, equal: str | None) -> str:
             f"{ours / theirs:.3f}x); the lookup branch's drafts are the same for both.")
 
 
+def why_lines(slices: dict[str, tuple[list[Summary], list[dict]]], recalls: dict[str, dict], best: str | None,
+              figures: str) -> list[str]:
+    """What decides between the shortlist modes, one paragraph each: every measured slice's root-draft ceiling
+    (`ceiling_line`), then the fastest mode over every slice and the default it ships."""
+    out = []
+    for name, recall in recalls.items():
+        equal = find_method(by_method(slices[name][0]), "static") if name in slices else None
+        if ceiling := ceiling_line(recall, equal.method if equal else None):
+            out.append(f"{SLICE_NAMES.get(name, name)}: {ceiling}")
+    out.append(f"Fastest shortlist mode over every slice's prompts (tokens/s): {figures}; the shipped default: "
+               f"`{best}`." if best else f"Fastest shortlist mode: {figures}.")
+    return out
+
+
+class Report(NamedTuple):
+    found: list[Condition]  # every condition of the issue, measured against its goal
+    best: str | None  # the fastest shortlist mode (the shipped default), None where not measured
+    text: str  # the markdown report (conditions.md, the README block)
+    why: str  # what decides between the modes (the docs/architecture.md block)
+
+
 def report(languages: Path, code: Path | None, spec: Path | None, curve: Path | None,
-           heldout: Path | None = None) -> tuple[list[Condition], str | None, str]:
-    """(conditions, the fastest shortlist mode or None, the markdown report); `heldout`: heldout_compare.py's
-    results.json, other drafters on the curve's held-out positions."""
+           heldout: Path | None = None) -> Report:
+    """The comparison read from its run folders; `heldout`: heldout_compare.py's results.json, other drafters on
+    the curve's held-out positions."""
     loaded = {"languages": load_summaries(languages)}
     loaded |= {name: load_summaries(path) for name, path in (("code", code), ("spec-bench", spec)) if path}
     slices = {name: (summaries, payload["records"]) for name, (payload, summaries) in loaded.items()}
@@ -254,12 +280,9 @@ def report(languages: Path, code: Path | None, spec: Path | None, curve: Path | 
     recalls = {name: json.loads((folder / f"{root_recall.NAME}.json").read_text())
                for name, folder in (("languages", languages), ("code", code), ("spec-bench", spec))
                if folder is not None and (folder / f"{root_recall.NAME}.json").is_file()}
-    equal = find_method(by_method(slices["languages"][0]), "static")
-    if ceiling := ceiling_line(recalls.get("languages"), equal.method if equal else None):
-        lines += ["", f"Language slices: {ceiling}"]
     best, figures = fastest_mode(slices)
-    lines += ["", f"Fastest shortlist mode over every slice's prompts (tokens/s): {figures}; the shipped default: "
-              f"`{best}`." if best else f"Fastest shortlist mode: {figures}."]
+    why = why_lines(slices, recalls, best, figures)
+    lines += [line for paragraph in why for line in ("", paragraph)]
     lines += ["", "Accepted length (root recall) per slice and category:", "", slice_table(slices)]
     if per_group:
         lines += ["", f"Held-out top-1 at depth 1 per data folder at the last training point: {per_group}."]
@@ -267,7 +290,7 @@ def report(languages: Path, code: Path | None, spec: Path | None, curve: Path | 
         lines += ["", compared]
     for name, recall in recalls.items():
         lines += ["", f"**{name}**: {root_recall.markdown(recall)}"]
-    return found, best, "\n".join(lines)
+    return Report(found, best, "\n".join(lines), "\n\n".join(why))
 
 
 def main() -> None:
@@ -278,10 +301,13 @@ def main() -> None:
     parser.add_argument("--curve", type=Path, default=None, help="curve.json of the drafter's training")
     parser.add_argument("--heldout", type=Path, default=None,
                         help="heldout_compare.py's results.json: other drafters on the curve's held-out positions")
-    parser.add_argument("--readme", action="store_true", help=f"also write the README's {README_BLOCK} block")
+    parser.add_argument("--readme", action="store_true",
+                        help=f"also write the README's {README_BLOCK} block and docs/architecture.md's {DOC_BLOCK}")
     args = parser.parse_args()
-    found, best, text = report(args.languages, args.code, args.spec, args.curve, args.heldout)
+    found, best, text, why = report(args.languages, args.code, args.spec, args.curve, args.heldout)
     write_conditions(args.languages, found, best, text, README_BLOCK if args.readme else None)
+    if args.readme:
+        write_doc_block(ROOT / "docs/architecture.md", DOC_BLOCK, why)
 
 
 if __name__ == "__main__":
