@@ -21,8 +21,8 @@ from results_io import save_results
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.machine import machine_description
 from hf_dynaspec.targets import load_target
+from hf_dynaspec.training import TrainingArguments, train_drafter
 from hf_dynaspec.training.losses import LossWeights
-from hf_dynaspec.training.trainer import train_drafter
 
 
 def parse_variant(text: str) -> dict:
@@ -42,10 +42,10 @@ def run_variant(target, init: Path, data: list[str], variant: dict, args: argpar
     with tempfile.TemporaryDirectory() as ckpt:
         drafter = DynaSpecDrafter.from_pretrained(init)
         start = time.perf_counter()
-        result = train_drafter(drafter, target, data, lr=args.lr, batch_size=8, seq_len=256, ckpt_dir=ckpt,
-                               resume=False, unroll=4, autocast_dtype=torch.bfloat16, eval_every=args.eval_every,
-                               eval_positions=args.eval_positions, weights=LossWeights(0.0, 1.0, 0.2),
-                               ckpt_every=10**9, **settings)
+        arguments = TrainingArguments(lr=args.lr, batch_size=8, seq_len=256, unroll=4, autocast_dtype=torch.bfloat16,
+                                      eval_every=args.eval_every, eval_positions=args.eval_positions,
+                                      weights=LossWeights(0.0, 1.0, 0.2), ckpt_every=10**9, **settings)
+        result = train_drafter(drafter, target, data, ckpt, arguments, resume=False)
         seconds = time.perf_counter() - start
     return {"name": variant["name"], "settings": settings, "seconds": seconds, "curve": result["curve"],
             "eval": {k: v for k, v in result["eval"].items() if k != "router_recall"}}

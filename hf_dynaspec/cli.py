@@ -38,7 +38,7 @@ from .interchange import DEFAULT_DRAFT_VOCAB, FORMATS, export_eagle3, load_eagle
 from .machine import machine_description
 from .modeling import DynaSpecDrafter
 from .targets import GEMMA3_ALIASES, PROMPT_FORMATS, SMOLLM2_ALIASES, encode_formatted, load_target
-from .training import frequent_tokens, load_prompts, train_drafter
+from .training import TrainingArguments, frequent_tokens, load_prompts, train_drafter
 from .training.corpus import FEATURE_DTYPES, write_answers
 from .training.data import most_frequent
 from .training.features import write_features
@@ -599,6 +599,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.head_target_top is not None and args.head_vocab is None:
         raise ValueError("--head-target-top sets the candidate CE of --head-vocab: pass --head-vocab N too.")
     candidates = {} if args.head_target_top is None else {"head_target_top": args.head_target_top}
+    arguments = TrainingArguments(steps=args.steps, lr=args.lr, batch_size=args.batch_size, seq_len=args.seq_len,
+                                  unroll=args.unroll, autocast_dtype=torch.bfloat16 if args.bf16 else None,
+                                  eval_every=args.eval_every, head_positions=args.head_positions,
+                                  weights=LossWeights(*args.loss_weights) if args.loss_weights else LossWeights(),
+                                  router_only=args.router_only, length_pool=args.length_pool,
+                                  head_vocab=args.head_vocab, **candidates)  # refuses bad values before loading
     settings = train_settings(args)
     done = None if args.no_resume else finished_step(args.ckpt_dir, args.steps, settings)
     if done is not None:  # a rerun of a finished recipe: no target load, no re-evaluation over its record
@@ -608,13 +614,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     target, _ = target_from_args(args)
     drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target)
     data, featurize = training_data(args, drafter, target)
-    result = train_drafter(drafter, target, data, args.steps, args.lr, args.batch_size, args.seq_len,
-                           args.ckpt_dir, resume=not args.no_resume, unroll=args.unroll,
-                           autocast_dtype=torch.bfloat16 if args.bf16 else None, eval_every=args.eval_every,
-                           weights=LossWeights(*args.loss_weights) if args.loss_weights else None,
-                           head_positions=args.head_positions, router_only=args.router_only,
-                           length_pool=args.length_pool, head_vocab=args.head_vocab, featurize=featurize,
-                           **candidates)
+    result = train_drafter(drafter, target, data, args.ckpt_dir, arguments, featurize=featurize,
+                           resume=not args.no_resume)
     ev = result["eval"]
     (Path(args.ckpt_dir) / HELDOUT_EVAL_NAME).write_text(json.dumps(
         {"step": result["step"], "tokens_per_s": result["tokens_per_s"], "settings": settings, "eval": ev},

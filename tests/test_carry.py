@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.configuration import eagle3_layer_ids
 from hf_dynaspec.targets import load_target
-from hf_dynaspec.training import train_drafter
+from hf_dynaspec.training import TrainingArguments, train_drafter
 from hf_dynaspec.training.carry import CARRY_NAME, checkpoint_step, main, pack, unpack
 from hf_dynaspec.training.corpus import write_answers
 from hf_dynaspec.training.features import write_features
@@ -42,8 +42,8 @@ def features(tiny, tmp_path_factory):
 def train(target, features, ckpt, steps, drafter=None):
     torch.manual_seed(0)
     drafter = drafter or DynaSpecDrafter.from_target(target, num_clusters=8)
-    return drafter, train_drafter(drafter, target, features, steps=steps, lr=3e-3, batch_size=2, seq_len=16,
-                                  ckpt_dir=ckpt, heldout_fraction=0.25, ckpt_every=4, progress=False)
+    settings = TrainingArguments(steps=steps, lr=3e-3, batch_size=2, seq_len=16, heldout_fraction=0.25, ckpt_every=4)
+    return drafter, train_drafter(drafter, target, features, ckpt, settings, progress=False)
 
 
 def test_packed_checkpoint_resumes_on_a_fresh_machine(tiny, features, tmp_path):

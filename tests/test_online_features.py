@@ -14,7 +14,7 @@ import torch
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.configuration import eagle3_layer_ids
 from hf_dynaspec.targets import load_target
-from hf_dynaspec.training import load_dataset, online, train_drafter
+from hf_dynaspec.training import TrainingArguments, load_dataset, online, train_drafter
 from hf_dynaspec.training.corpus import write_answers
 from hf_dynaspec.training.features import write_features
 from hf_dynaspec.training.online import TargetFeatures, corpus_groups, forward_autocast, with_features
@@ -95,9 +95,9 @@ def test_training_from_the_corpus_reports_each_group_on_the_folders_split(tiny, 
         ("corpus", corpus_groups(corpus / "corpus", GROUPS, layers), TargetFeatures(target, layers)),
     ):
         drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture="eagle3")
-        runs[label] = train_drafter(drafter, target, data, steps=4, lr=1e-3, batch_size=2, seq_len=16,
-                                    ckpt_dir=tmp_path / label, heldout_fraction=0.25, progress=False, eval_every=2,
-                                    featurize=featurize)
+        settings = TrainingArguments(steps=4, lr=1e-3, batch_size=2, seq_len=16, heldout_fraction=0.25, eval_every=2)
+        runs[label] = train_drafter(drafter, target, data, tmp_path / label, settings, featurize=featurize,
+                                    progress=False)
     state = {label: json.loads((tmp_path / label / "trainer_state.json").read_text()) for label in runs}
     assert state["corpus"]["data_conversations"] == state["folders"]["data_conversations"]
     for label, run in runs.items():

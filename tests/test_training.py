@@ -17,7 +17,13 @@ import torch
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.configuration import eagle3_layer_ids
 from hf_dynaspec.targets import load_target
-from hf_dynaspec.training import generate_dataset, load_dataset, load_prompts, train_drafter
+from hf_dynaspec.training import (
+    TrainingArguments,
+    generate_dataset,
+    load_dataset,
+    load_prompts,
+    train_drafter,
+)
 from hf_dynaspec.training.corpus import (
     answer_batch,
     answers_until_loop,
@@ -176,9 +182,9 @@ def test_training_loss_decreases_and_resumes(tiny, arch_data, tmp_path):
     arch, dataset = arch_data
     torch.manual_seed(0)
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture=arch)
-    kwargs = dict(lr=3e-3, batch_size=4, seq_len=24, ckpt_dir=tmp_path / "ckpt", heldout_fraction=0.2,
-                  ckpt_every=10, progress=False)
-    first = train_drafter(drafter, target, dataset, steps=30, **kwargs)
+    settings = dict(lr=3e-3, batch_size=4, seq_len=24, heldout_fraction=0.2, ckpt_every=10)
+    first = train_drafter(drafter, target, dataset, tmp_path / "ckpt", TrainingArguments(steps=30, **settings),
+                          progress=False)
     losses = first["losses"]
     assert first["start_step"] == 0 and first["step"] == 30 and len(losses) == 30
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
@@ -188,7 +194,8 @@ def test_training_loss_decreases_and_resumes(tiny, arch_data, tmp_path):
     assert state["step"] == 30
 
     fresh = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture=arch)
-    second = train_drafter(fresh, target, dataset, steps=36, **kwargs)
+    second = train_drafter(fresh, target, dataset, tmp_path / "ckpt", TrainingArguments(steps=36, **settings),
+                           progress=False)
     assert second["start_step"] == 30 and len(second["losses"]) == 6
     # resumed weights continue from the trained ones: the loss stays near where the first run ended
     assert sum(second["losses"]) / 6 < sum(losses[:5]) / 5
@@ -251,7 +258,7 @@ def test_training_refuses_data_without_the_drafters_layers(tiny, dataset, tmp_pa
     target, _ = tiny
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8)  # EAGLE-3: reads layers the data lacks
     with pytest.raises(ValueError, match="hf-dynaspec features"):
-        train_drafter(drafter, target, dataset, steps=1, lr=1e-3, batch_size=1, seq_len=8, ckpt_dir=tmp_path,
+        train_drafter(drafter, target, dataset, tmp_path, TrainingArguments(steps=1, lr=1e-3, batch_size=1, seq_len=8),
                       progress=False)
 
 
@@ -292,15 +299,14 @@ def test_unrolled_training_learns_and_reports_depths(tiny, eagle3_dataset, tmp_p
     dataset = eagle3_dataset
     torch.manual_seed(0)
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8)
-    result = train_drafter(drafter, target, [dataset, dataset], steps=20, lr=3e-3, batch_size=4, seq_len=24,
-                           ckpt_dir=tmp_path / "ckpt", heldout_fraction=0.25, progress=False, unroll=3)
+    settings = TrainingArguments(steps=20, lr=3e-3, batch_size=4, seq_len=24, heldout_fraction=0.25, unroll=3)
+    result = train_drafter(drafter, target, [dataset, dataset], tmp_path / "ckpt", settings, progress=False)
     assert sum(result["losses"][-4:]) < sum(result["losses"][:4])
     assert len(result["eval"]["top1_at_depth"]) == 3
     assert result["eval"]["top1_at_depth"][0] == result["eval"]["top1"]
     assert json.loads((tmp_path / "ckpt" / "trainer_state.json").read_text())["unroll"] == 3
     with pytest.raises(ValueError, match="unroll"):
-        train_drafter(drafter, target, dataset, steps=1, lr=1e-3, batch_size=1, seq_len=8,
-                      ckpt_dir=tmp_path / "other", unroll=0, progress=False)
+        TrainingArguments(steps=1, lr=1e-3, batch_size=1, seq_len=8, unroll=0)
 
 
 def test_features_keep_the_sources_asked_for(tiny, tmp_path):
@@ -320,8 +326,8 @@ def test_learning_curve_reports_each_data_folder(tiny, eagle3_dataset, tmp_path)
     other = tmp_path / "copy"
     shutil.copytree(eagle3_dataset, other)
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8)
-    result = train_drafter(drafter, target, [eagle3_dataset, other], steps=2, lr=1e-3, batch_size=2, seq_len=16,
-                           ckpt_dir=tmp_path / "ckpt", heldout_fraction=0.25, progress=False, eval_every=2)
+    settings = TrainingArguments(steps=2, lr=1e-3, batch_size=2, seq_len=16, heldout_fraction=0.25, eval_every=2)
+    result = train_drafter(drafter, target, [eagle3_dataset, other], tmp_path / "ckpt", settings, progress=False)
     groups = result["curve"][-1]["by_group"]
     assert set(groups) == {eagle3_dataset.name, "copy"}
     assert groups["copy"] == groups[eagle3_dataset.name]  # the same conversations, split alike
@@ -347,34 +353,38 @@ def test_resuming_on_a_grown_folder_is_refused(tiny, eagle3_dataset, tmp_path):
     import shutil
 
     target, _ = tiny
-    kwargs = dict(lr=1e-3, batch_size=1, seq_len=8, ckpt_dir=tmp_path / "ckpt", heldout_fraction=0.25,
-                  progress=False)
+    ckpt = tmp_path / "ckpt"
+
+    def steps(n):
+        return TrainingArguments(steps=n, lr=1e-3, batch_size=1, seq_len=8, heldout_fraction=0.25)
+
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8)
-    train_drafter(drafter, target, eagle3_dataset, steps=1, **kwargs)
-    train_drafter(drafter, target, [eagle3_dataset, eagle3_dataset], steps=2, **kwargs)  # an added folder: fine
+    train_drafter(drafter, target, eagle3_dataset, ckpt, steps(1), progress=False)
+    train_drafter(drafter, target, [eagle3_dataset, eagle3_dataset], ckpt, steps(2), progress=False)  # added: fine
     grown = tmp_path / "grown"
     shutil.copytree(eagle3_dataset, grown)
     index = json.loads((grown / "index.json").read_text())
     index["shards"] = index["shards"] * 2  # the same folder with more conversations
     (grown / "index.json").write_text(json.dumps(index))
     with pytest.raises(ValueError, match="another --data folder"):
-        train_drafter(drafter, target, [grown, eagle3_dataset], steps=3, **kwargs)
+        train_drafter(drafter, target, [grown, eagle3_dataset], ckpt, steps(3), progress=False)
 
 
 def test_bf16_autocast_training_records_a_learning_curve_across_resumes(tiny, eagle3_dataset, tmp_path):
     target, _ = tiny
     torch.manual_seed(0)
-    kwargs = dict(lr=3e-3, batch_size=2, seq_len=16, ckpt_dir=tmp_path / "ckpt", heldout_fraction=0.25,
-                  progress=False, unroll=2, autocast_dtype=torch.bfloat16, eval_every=4, ckpt_every=4)
+    settings = dict(lr=3e-3, batch_size=2, seq_len=16, heldout_fraction=0.25, unroll=2, autocast_dtype=torch.bfloat16,
+                    eval_every=4, ckpt_every=4)
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8)
-    first = train_drafter(drafter, target, eagle3_dataset, steps=8, **kwargs)
+    first = train_drafter(drafter, target, eagle3_dataset, tmp_path / "ckpt", TrainingArguments(steps=8, **settings),
+                          progress=False)
     assert drafter.fc.weight.dtype == torch.float32  # autocast: the weights stay fp32
     assert [p["step"] for p in first["curve"]] == [4, 8]
     assert all(len(p["top1_at_depth"]) == 3 for p in first["curve"])
     seen = [p["positions_seen"] for p in first["curve"]]
     assert 0 < seen[0] < seen[1]
     resumed = train_drafter(DynaSpecDrafter.from_target(target, num_clusters=8), target, eagle3_dataset,
-                            steps=12, **kwargs)
+                            tmp_path / "ckpt", TrainingArguments(steps=12, **settings), progress=False)
     assert [p["step"] for p in resumed["curve"]] == [4, 8, 12] and resumed["curve"][2]["positions_seen"] > seen[1]
     state = json.loads((tmp_path / "ckpt" / "trainer_state.json").read_text())
     assert state["curve"] == resumed["curve"]
@@ -385,8 +395,8 @@ def test_router_only_training_changes_the_router_alone(tiny, eagle3_dataset, tmp
     torch.manual_seed(0)
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8)
     before = {name: p.detach().clone() for name, p in drafter.named_parameters()}
-    result = train_drafter(drafter, target, eagle3_dataset, steps=12, lr=1e-2, batch_size=2, seq_len=16,
-                           ckpt_dir=tmp_path / "ckpt", heldout_fraction=0.25, progress=False, router_only=True)
+    settings = TrainingArguments(steps=12, lr=1e-2, batch_size=2, seq_len=16, heldout_fraction=0.25, router_only=True)
+    result = train_drafter(drafter, target, eagle3_dataset, tmp_path / "ckpt", settings, progress=False)
     for name, p in drafter.named_parameters():
         assert torch.equal(p, before[name]) != name.startswith("router."), name
     assert sum(result["losses"][-3:]) < sum(result["losses"][:3])  # the loss is the router's BCE alone
@@ -537,7 +547,7 @@ def test_length_grouped_batches_keep_the_drawn_windows_and_group_them_by_length(
     spans = sorted((min(lengths(b)), max(lengths(b))) for b in batches)
     assert all(hi <= lo for (_, hi), (lo, _) in zip(spans, spans[1:]))  # no batch straddles another's lengths
     with pytest.raises(ValueError, match="length_pool"):
-        train_drafter(None, None, eagle3_dataset, 1, 1e-3, 2, 16, "/nonexistent", length_pool=0)
+        TrainingArguments(steps=1, lr=1e-3, batch_size=2, seq_len=16, length_pool=0)
 
 
 def test_the_targets_head_runs_once_per_batch_whatever_the_unroll(tiny, eagle3_dataset):
@@ -638,14 +648,18 @@ def test_candidate_columns_hold_the_frequent_ids_and_each_positions_likeliest():
 def test_training_over_candidates_records_them(tiny, eagle3_dataset, tmp_path):
     target, _ = tiny
     drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture="eagle3")
-    train_drafter(drafter, target, eagle3_dataset, steps=2, lr=1e-3, batch_size=2, seq_len=16, ckpt_dir=tmp_path,
-                  progress=False, ckpt_every=1, head_vocab=16, head_target_top=2)
+    sizes = dict(steps=2, lr=1e-3, batch_size=2, seq_len=16)
+    settings = TrainingArguments(**sizes, ckpt_every=1, head_vocab=16, head_target_top=2)
+    train_drafter(drafter, target, eagle3_dataset, tmp_path, settings, progress=False)
     state = json.loads((tmp_path / "trainer_state.json").read_text())
     assert state["head_vocab"] == 16 and state["head_target_top"] == 2
     with pytest.raises(ValueError, match="head_vocab"):
-        train_drafter(drafter, target, eagle3_dataset, 1, 1e-3, 2, 16, tmp_path / "x", head_vocab=0)
+        TrainingArguments(**sizes, head_vocab=0)
+    with pytest.raises(ValueError, match=f"head_vocab must be in 1..{drafter.config.vocab_size}"):
+        train_drafter(drafter, target, eagle3_dataset, tmp_path / "x", TrainingArguments(**sizes, head_vocab=10**7))
+    assert not (tmp_path / "x").exists()  # refused before anything was written
     with pytest.raises(ValueError, match="head_target_top"):
-        train_drafter(drafter, target, eagle3_dataset, 1, 1e-3, 2, 16, tmp_path / "x", head_vocab=8, head_target_top=0)
+        TrainingArguments(**sizes, head_vocab=8, head_target_top=0)
 
 
 def test_evaluation_with_kept_target_tokens_scores_the_same_and_skips_their_head(tiny, eagle3_dataset):
@@ -667,3 +681,25 @@ def test_evaluation_with_kept_target_tokens_scores_the_same_and_skips_their_head
         del drafter.dense_logits
     assert first == second == plain and len(cache) > 0
     assert len(calls) == per_window - len(cache)  # one head call per window fewer: the target's tokens are kept
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"steps": 0}, "steps must be >= 1"),
+    ({"batch_size": 0}, "batch_size must be >= 1"),
+    ({"lr": 0.0}, "lr must be > 0"),
+    ({"heldout_fraction": 1.0}, r"heldout_fraction must be in \[0, 1\)"),
+    ({"eval_every": -1}, "eval_every must be >= 0"),
+    ({"ckpt_every": 0}, "ckpt_every must be >= 1"),
+])
+def test_training_arguments_refuse_bad_values_when_built(bad, message):
+    with pytest.raises(ValueError, match=message):
+        TrainingArguments(**({"steps": 1, "lr": 1e-3, "batch_size": 2, "seq_len": 16} | bad))
+
+
+def test_training_arguments_defaults_follow_the_settings():
+    args = TrainingArguments(steps=100, lr=1e-3, batch_size=2, seq_len=16)
+    assert args.warmup_steps == 5 and TrainingArguments(steps=10, lr=1e-3, batch_size=2, seq_len=16).warmup_steps == 1
+    assert args.loss_weights == args.weights
+    router = TrainingArguments(steps=1, lr=1e-3, batch_size=2, seq_len=16, router_only=True, warmup=3)
+    assert (router.loss_weights.regression, router.loss_weights.ce, router.loss_weights.router) == (0.0, 0.0, 1.0)
+    assert router.warmup_steps == 3

@@ -14,7 +14,7 @@ import torch
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.configuration import eagle3_layer_ids
 from hf_dynaspec.targets import load_target
-from hf_dynaspec.training import train_drafter, trainer
+from hf_dynaspec.training import TrainingArguments, train_drafter, trainer
 from hf_dynaspec.training.corpus import write_answers
 from hf_dynaspec.training.online import TargetFeatures, corpus_groups
 from hf_dynaspec.training.trainer import TrainingStopped
@@ -48,9 +48,9 @@ def test_a_signal_checkpoints_the_finished_step_and_the_run_resumes_from_it(tiny
 
     def run():
         drafter = DynaSpecDrafter.from_target(target, num_clusters=8, drafter_architecture="eagle3")
-        return train_drafter(drafter, target, corpus_groups(corpus, {"all": ".*"}, layers), steps=5, lr=1e-3,
-                             batch_size=2, seq_len=16, ckpt_dir=tmp_path, heldout_fraction=0.25, progress=False,
-                             ckpt_every=100, featurize=TargetFeatures(target, layers))
+        settings = TrainingArguments(steps=5, lr=1e-3, batch_size=2, seq_len=16, heldout_fraction=0.25, ckpt_every=100)
+        return train_drafter(drafter, target, corpus_groups(corpus, {"all": ".*"}, layers), tmp_path, settings,
+                             featurize=TargetFeatures(target, layers), progress=False)
 
     with pytest.raises(TrainingStopped, match=f"{sig.name} after step 3 of 5"):
         run()

@@ -6,10 +6,11 @@ Checkpoints in `ckpt_dir`: the drafter (`save_pretrained`, safetensors), the Ada
 
     python -c "
     import torch; torch.set_num_threads(1); from hf_dynaspec import DynaSpecDrafter; from hf_dynaspec.targets import load_target
-    from hf_dynaspec.training import generate_dataset, train_drafter
+    from hf_dynaspec.training import TrainingArguments, generate_dataset, train_drafter
     t, tok = load_target('tiny'); generate_dataset(t, tok, ['hi', 'hello there'], '/tmp/ds', max_new_tokens=8, batch_size=2)
     d = DynaSpecDrafter.from_target(t, num_clusters=8)
-    print(train_drafter(d, t, '/tmp/ds', steps=10, lr=1e-3, batch_size=2, seq_len=16, ckpt_dir='/tmp/ck')['eval'])"
+    args = TrainingArguments(steps=10, lr=1e-3, batch_size=2, seq_len=16)
+    print(train_drafter(d, t, '/tmp/ds', '/tmp/ck', args)['eval'])"
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +31,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from .arguments import TrainingArguments
 from .data import Conversation, as_folders, load_dataset, most_frequent
-from .losses import Batch, Candidates, DenseHead, LossWeights, drafter_losses, unrolled_steps
+from .losses import Batch, Candidates, DenseHead, drafter_losses, unrolled_steps
 from .online import TargetFeatures, with_features
 
 STATE_NAME = "trainer_state.json"
 HELDOUT_EVAL_NAME = "heldout_eval.json"  # `hf-dynaspec train` writes the final held-out evaluation here
 OPTIMIZER_NAME = "optimizer.safetensors"
-HELDOUT_FRACTION = 0.05  # of each data folder's conversations, never trained on
-EVAL_POSITIONS = 2048  # held-out answer positions of a learning-curve point (half of it per group: `curve_point`)
 FINAL_EVAL_POSITIONS = 4096  # held-out answer positions of the evaluation at the end of `train_drafter`
 
 
@@ -238,20 +239,6 @@ def frozen(module: torch.nn.Module) -> Iterator[None]:
 
 
 # ----------------------------------------------------------------------------------------------- training
-def check_train_args(drafter, unroll: int, length_pool: int, head_vocab: int | None, head_target_top: int) -> None:
-    """`train_drafter`'s settings that no data can make right, refused before anything loads."""
-    if unroll < 1:
-        raise ValueError(f"unroll must be >= 1 (draft steps trained per position), got {unroll}.")
-    if length_pool < 1:
-        raise ValueError(f"length_pool must be >= 1 (batches drawn at once and grouped by length), got {length_pool}.")
-    if head_vocab is not None and not 0 < head_vocab <= drafter.config.vocab_size:
-        raise ValueError(f"head_vocab must be in 1..{drafter.config.vocab_size} (tokens always scored), got "
-                         f"{head_vocab}.")
-    if head_target_top < 1:
-        raise ValueError(f"head_target_top must be >= 1 (the target's greedy token is always a candidate), got "
-                         f"{head_target_top}.")
-
-
 def optimizer_step(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], loss: torch.Tensor,
                    grad_clip: float) -> float:
     """One update: gradients of `loss`, their global norm clipped to `grad_clip`, the optimizer's step. Returns
@@ -263,126 +250,146 @@ def optimizer_step(optimizer: torch.optim.Optimizer, params: list[torch.Tensor],
     return float(loss.detach())
 
 
-def train_drafter(
-    drafter,
-    target,
-    data_dir: str | os.PathLike | Sequence[str | os.PathLike],
-    steps: int,
-    lr: float,
-    batch_size: int,
-    seq_len: int,
-    ckpt_dir: str | os.PathLike,
-    resume: bool = True,
-    heldout_fraction: float = HELDOUT_FRACTION,
-    *,
-    unroll: int = 1,
-    unroll_decay: float = 0.8,
-    warmup: int | None = None,
-    weight_decay: float = 0.0,
-    grad_clip: float = 1.0,
-    weights: LossWeights | None = None,
-    head_positions: int = 256,
-    router_top_l: int = 8,
-    soft_targets: bool = True,
-    ckpt_every: int = 200,
-    seed: int = 0,
-    progress: bool = True,
-    autocast_dtype: torch.dtype | None = None,
-    eval_every: int = 0,
-    eval_positions: int = EVAL_POSITIONS,
-    router_only: bool = False,
-    length_pool: int = 16,
-    head_vocab: int | None = None,
-    head_target_top: int = 16,
-    featurize: TargetFeatures | None = None,
-) -> dict[str, Any]:
-    """Train `drafter` (bound to `target`) for `steps` steps in all (a resumed run continues from the saved
-    step up to `steps`). `data_dir`: one dataset folder or several (each split into train / held-out on its
-    own, so adding a folder later never moves a conversation of an earlier one across the split). `unroll`
-    > 1 trains the drafter on its own features for that many draft steps (see `unrolled_steps`), step s
-    weighted by `unroll_decay ** (s - 1)`. `autocast_dtype` (torch.bfloat16) runs forward and loss under CPU /
-    CUDA autocast (weights and optimizer stay fp32). `eval_every` > 0 records a learning curve: held-out top-1 at
-    depths 1..max(unroll, 3) every that many steps, against steps and training positions seen, kept in
-    `trainer_state.json` ("curve") across resumes. `router_only` trains the router alone (its loss only, every
-    other parameter frozen): for a drafter whose layer was trained elsewhere (an imported EAGLE-3 checkpoint).
-    `length_pool` batches are drawn at once and grouped by length (`length_grouped_batches`; 1: no grouping).
-    `head_vocab` scores the CE over the training data's `head_vocab` most frequent answer tokens and each scored
-    position's `head_target_top` most likely under the target (`losses.Candidates`), not the whole vocabulary.
-    `data_dir` may also name conversation lists of token ids only (`online.corpus_groups`): `featurize`
-    (`online.TargetFeatures`) then computes each batch's states, and the held-out ones once.
-    Returns {"step", "losses" (this call's per-step totals),
-    "start_step", "tokens_per_s", "curve", "eval": evaluate_drafter(...) on the held-out conversations}."""
-    weights = weights or LossWeights()
-    warmup = max(1, steps // 20) if warmup is None else warmup
-    check_train_args(drafter, unroll, length_pool, head_vocab, head_target_top)
-    drafter.bind(target)
-    train, groups, sizes = load_split_groups(data_dir, heldout_fraction, seed)
-    candidates = None if head_vocab is None else Candidates(
-        most_frequent(train, head_vocab, drafter.config.vocab_size), head_target_top)
-    heldout = [c for held in groups.values() for c in held]
-    check_data_layers(train, drafter.config.feature_layer_ids)
-    ckpt = Path(ckpt_dir)
-    if router_only:
-        weights = LossWeights(regression=0.0, ce=0.0, router=1.0)
+def trainable(drafter, args: TrainingArguments) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
+    """The parameters to train (the router's alone with `router_only`, the rest frozen) and their AdamW."""
+    if args.router_only:
         drafter.requires_grad_(False)
         drafter.router.requires_grad_(True)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
+    return params, torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
+
+
+@dataclass
+class RunState:
+    """What a run carries from step to step and across resumes (trainer_state.json)."""
+
+    start: int  # the step this call started from
+    curve: list[dict[str, Any]]  # learning-curve points, kept across resumes
+    seen_before: int  # training positions seen by earlier calls
+    tokens: int = 0  # training positions seen by this call
+    history: list[float] = field(default_factory=list)  # this call's per-step losses
+
+    @classmethod
+    def resumed(cls, saved: dict[str, Any] | None) -> RunState:
+        saved = saved or {}
+        return cls(int(saved.get("step", 0)), list(saved.get("curve", [])), int(saved.get("positions_seen", 0)))
+
+    def record(self, args: TrainingArguments, step: int, sizes: list[int]) -> dict[str, Any]:
+        """trainer_state.json after `step` steps."""
+        return {"step": step, "lr": args.lr, "batch_size": args.batch_size, "seq_len": args.seq_len,
+                "unroll": args.unroll, "last_losses": self.history[-20:], "started_this_run_at": self.start,
+                **args.state(), "curve": self.curve, "positions_seen": self.seen_before + self.tokens,
+                "data_conversations": sizes}
+
+
+@dataclass
+class CurveData:
+    """The held-out conversations a learning-curve point reads (`curve_point`), their states computed once where
+    the data holds token ids only, and the target's tokens kept between points."""
+
+    heldout: list[Conversation]  # scored as one set (one data folder)
+    groups: dict[str, list[Conversation]]  # scored per folder (several)
+    gold_cache: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, groups: dict[str, list[Conversation]], fallback: list[Conversation], args: TrainingArguments,
+           featurize: TargetFeatures | None) -> CurveData:
+        if not args.eval_every:
+            return cls([], groups)
+        heldout = [c for held in groups.values() for c in held] or fallback
+        per_group = positions_per_group(args.eval_positions, len(groups))
+        filled = {name: with_features(held, featurize, per_group) for name, held in groups.items()}
+        one_set = with_features(heldout, featurize, args.eval_positions) if len(groups) < 2 else []
+        return cls(one_set, filled)
+
+    def point(self, drafter, args: TrainingArguments, step: int, seen: int) -> dict[str, Any]:
+        point = curve_point(drafter, self.heldout, args.seq_len, step, seen, args.unroll, args.eval_positions,
+                            self.groups, self.gold_cache)
+        drafter.train()
+        return point
+
+
+def train_drafter(
+    drafter,
+    target,
+    data_dir: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, list[Conversation]],
+    ckpt_dir: str | os.PathLike,
+    args: TrainingArguments,
+    *,
+    featurize: TargetFeatures | None = None,
+    resume: bool = True,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train `drafter` (bound to `target`) as `args` says, checkpointing into `ckpt_dir` (resumed from there unless
+    `resume` is False). `data_dir`: one dataset folder or several (each split into train / held-out on its own, so
+    adding a folder later never moves a conversation of an earlier one across the split), or conversation lists of
+    token ids only (`online.corpus_groups`): `featurize` (`online.TargetFeatures`) then computes each batch's
+    states, and the held-out ones once. SIGINT / SIGTERM stop it after the step under way, checkpointed
+    (`TrainingStopped`). Returns {"step", "start_step", "losses" (this call's per-step totals), "tokens_per_s",
+    "curve", "eval": evaluate_drafter(...) on the held-out conversations}."""
+    args.check_drafter(drafter)
+    drafter.bind(target)
+    train, groups, sizes = load_split_groups(data_dir, args.heldout_fraction, args.seed)
+    check_data_layers(train, drafter.config.feature_layer_ids)
+    candidates = None if args.head_vocab is None else Candidates(
+        most_frequent(train, args.head_vocab, drafter.config.vocab_size), args.head_target_top)
+    heldout = [c for held in groups.values() for c in held] or train[:1]
+    params, optimizer = trainable(drafter, args)
+    ckpt = Path(ckpt_dir)
     saved = load_checkpoint(ckpt, drafter, optimizer) if resume else None
     check_same_split(saved, sizes, ckpt)
-    start = int(saved["step"]) if saved else 0
-    curve: list[dict[str, Any]] = list(saved.get("curve", [])) if saved else []
-    seen_before = int(saved.get("positions_seen", 0)) if saved else 0
-    history: list[float] = []
-    generator = torch.Generator().manual_seed(seed + start)
-    stream = length_grouped_batches(train, batch_size, seq_len, generator, length_pool, featurize)
-    if eval_every:  # the held-out states a curve point reads, computed once where the data holds ids only
-        per_group = positions_per_group(eval_positions, len(groups))
-        groups = {name: with_features(held, featurize, per_group) for name, held in groups.items()}
-    curve_heldout = with_features(heldout or train[:1], featurize, eval_positions) if eval_every and len(groups) < 2 else []
+    run = RunState.resumed(saved)
+    generator = torch.Generator().manual_seed(args.seed + run.start)
+    batches = length_grouped_batches(train, args.batch_size, args.seq_len, generator, args.length_pool, featurize)
+    curve_data = CurveData.of(groups, train[:1], args, featurize)
     drafter.train()
-    dense = DenseHead.of(drafter, autocast_dtype)  # cast once, not per call (`DenseHead`)
-    gold_cache: dict = {}  # the held-out target tokens: computed at the first curve point, kept for the rest
-    tokens, t0 = 0, time.perf_counter()
+    t0 = time.perf_counter()
     with frozen(target), stop_signals() as stop:
-        bar = tqdm(range(start, steps), desc="train drafter", unit="step", disable=not progress)
-        for step in bar:
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, steps, lr, warmup)
-            batch = next(stream)
-            with torch.autocast(drafter.fc.weight.device.type, dtype=autocast_dtype or torch.bfloat16,
-                                enabled=autocast_dtype is not None):
-                parts = drafter_losses(drafter, batch, head_positions, router_top_l, soft_targets, generator,
-                                       unroll, unroll_decay, dense, candidates)
-            history.append(optimizer_step(optimizer, params, weights.total(parts), grad_clip))
-            tokens += int(batch.valid.sum())
-            seen = seen_before + tokens
-            bar.set_postfix(loss=f"{history[-1]:.3f}", top1=f"{float(parts['top1']):.2f}")
-            done = step + 1
-            if eval_every and (done % eval_every == 0 or done == steps):
-                curve.append(curve_point(drafter, curve_heldout, seq_len, done, seen, unroll, eval_positions, groups,
-                                         gold_cache))
-                drafter.train()
-            if done % ckpt_every == 0 or done == steps or stop.requested:
-                state = _state(done, lr, batch_size, seq_len, history, start, unroll) | {
-                    "length_pool": length_pool, "head_vocab": head_vocab, "head_target_top": head_target_top}
-                save_checkpoint(ckpt, drafter, optimizer,
-                                state | {"curve": curve, "positions_seen": seen, "data_conversations": sizes})
-            if stop.requested:
-                raise TrainingStopped(f"stopped by {stop.requested} after step {done} of {steps}: checkpoint in "
-                                      f"{ckpt}; rerun the same command to resume")
+        training_steps(drafter, batches, (params, optimizer), candidates, generator, args, run,
+                       (ckpt, sizes), curve_data, stop, progress)
     drafter.eval()
     elapsed = time.perf_counter() - t0
+    final = with_features(heldout, featurize, FINAL_EVAL_POSITIONS)
     return {
-        "step": max(start, steps),
-        "start_step": start,
-        "losses": history,
-        "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
-        "curve": curve,
-        "eval": evaluate_drafter(drafter, with_features(heldout or train[:1], featurize, FINAL_EVAL_POSITIONS), seq_len,
-                                 max_positions=FINAL_EVAL_POSITIONS, unroll=max(unroll, 3)),
+        "step": max(run.start, args.steps),
+        "start_step": run.start,
+        "losses": run.history,
+        "tokens_per_s": run.tokens / elapsed if elapsed > 0 else 0.0,
+        "curve": run.curve,
+        "eval": evaluate_drafter(drafter, final, args.seq_len, max_positions=FINAL_EVAL_POSITIONS,
+                                 unroll=max(args.unroll, 3)),
     }
 
+
+def training_steps(drafter, batches: Iterator[Batch], optimized: tuple[list[torch.Tensor], torch.optim.Optimizer],
+                   candidates: Candidates | None, generator: torch.Generator, args: TrainingArguments, run: RunState,
+                   saving: tuple[Path, list[int]], curve_data: CurveData, stop: StopRequest, progress: bool) -> None:
+    """Steps run.start .. args.steps - 1: each batch's losses (`drafter_losses`) and one update, a curve point every
+    `eval_every` steps, a checkpoint every `ckpt_every` (and at the end, and when a stop signal came: then
+    `TrainingStopped`). Updates `run` in place."""
+    params, optimizer = optimized
+    ckpt, sizes = saving
+    dense = DenseHead.of(drafter, args.autocast_dtype)  # cast once, not per call (`DenseHead`)
+    bar = tqdm(range(run.start, args.steps), desc="train drafter", unit="step", disable=not progress)
+    for step in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup_steps)
+        batch = next(batches)
+        with torch.autocast(drafter.fc.weight.device.type, dtype=args.autocast_dtype or torch.bfloat16,
+                            enabled=args.autocast_dtype is not None):
+            parts = drafter_losses(drafter, batch, args.head_positions, args.router_top_l, args.soft_targets,
+                                   generator, args.unroll, args.unroll_decay, dense, candidates)
+        run.history.append(optimizer_step(optimizer, params, args.loss_weights.total(parts), args.grad_clip))
+        run.tokens += int(batch.valid.sum())
+        bar.set_postfix(loss=f"{run.history[-1]:.3f}", top1=f"{float(parts['top1']):.2f}")
+        done = step + 1
+        if args.eval_every and (done % args.eval_every == 0 or done == args.steps):
+            run.curve.append(curve_data.point(drafter, args, done, run.seen_before + run.tokens))
+        if done % args.ckpt_every == 0 or done == args.steps or stop.requested:
+            save_checkpoint(ckpt, drafter, optimizer, run.record(args, done, sizes))
+        if stop.requested:
+            raise TrainingStopped(f"stopped by {stop.requested} after step {done} of {args.steps}: checkpoint in "
+                                  f"{ckpt}; rerun the same command to resume")
 
 def load_split(
     data_dirs: str | os.PathLike | Sequence[str | os.PathLike], heldout_fraction: float, seed: int
@@ -469,12 +476,6 @@ def check_data_layers(convs: list[Conversation], layer_ids: list[int]) -> None:
             f"The drafter reads the target's hidden states {layer_ids}, but this data stores {stored}: compute "
             "the features it needs from the corpus (`hf-dynaspec features --layers ...`, training/features.py)."
         )
-
-
-def _state(step: int, lr: float, batch_size: int, seq_len: int, history: list[float], start: int,
-           unroll: int) -> dict[str, Any]:
-    return {"step": step, "lr": lr, "batch_size": batch_size, "seq_len": seq_len, "unroll": unroll,
-            "last_losses": history[-20:], "started_this_run_at": start}
 
 
 def target_tokens(drafter, batch: Batch, cache: dict | None, key: tuple) -> torch.Tensor:

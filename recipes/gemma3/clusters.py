@@ -34,8 +34,9 @@ from hf_dynaspec.clustering import VocabClusters, cluster_vocabulary  # noqa: E4
 from hf_dynaspec.machine import machine_description  # noqa: E402
 from hf_dynaspec.router import ClusterRouter  # noqa: E402
 from hf_dynaspec.targets import load_target  # noqa: E402
+from hf_dynaspec.training.arguments import HELDOUT_FRACTION  # noqa: E402
 from hf_dynaspec.training.data import load_dataset  # noqa: E402
-from hf_dynaspec.training.trainer import HELDOUT_FRACTION, split_heldout  # noqa: E402
+from hf_dynaspec.training.trainer import split_heldout  # noqa: E402
 
 
 def answer_positions(convs, max_positions: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,10 +25,9 @@ import torch
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.machine import machine_description
 from hf_dynaspec.targets import load_target
+from hf_dynaspec.training.arguments import EVAL_POSITIONS, HELDOUT_FRACTION
 from hf_dynaspec.training.online import TargetFeatures, corpus_groups, forward_autocast, with_features
 from hf_dynaspec.training.trainer import (
-    EVAL_POSITIONS,
-    HELDOUT_FRACTION,
     curve_point,
     load_split_groups,
     positions_per_group,

@@ -25,9 +25,9 @@ from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.bench import write_doc_block
 from hf_dynaspec.machine import machine_description
 from hf_dynaspec.targets import load_target
+from hf_dynaspec.training.arguments import HELDOUT_FRACTION
 from hf_dynaspec.training.trainer import (
     HELDOUT_EVAL_NAME,
-    HELDOUT_FRACTION,
     STATE_NAME,
     evaluate_drafter,
     load_split,

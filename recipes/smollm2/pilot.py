@@ -18,15 +18,16 @@ import torch
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.machine import machine_description
 from hf_dynaspec.targets import load_target
-from hf_dynaspec.training import train_drafter
+from hf_dynaspec.training import TrainingArguments, train_drafter
 
 
 def run_one(target, init: Path, data: str, out: Path, name: str, steps: int, unroll: int, bf16: bool) -> dict:
     drafter = DynaSpecDrafter.from_pretrained(init).bind(target)
     start = time.perf_counter()
-    result = train_drafter(drafter, target, data, steps, 5e-4, 8, 256, out / "ckpt" / name, resume=False,
-                           unroll=unroll, head_positions=128, autocast_dtype=torch.bfloat16 if bf16 else None,
-                           ckpt_every=steps, heldout_fraction=0.02)
+    settings = TrainingArguments(steps=steps, lr=5e-4, batch_size=8, seq_len=256, unroll=unroll, head_positions=128,
+                                 autocast_dtype=torch.bfloat16 if bf16 else None, ckpt_every=steps,
+                                 heldout_fraction=0.02)
+    result = train_drafter(drafter, target, data, out / "ckpt" / name, settings, resume=False)
     seconds = time.perf_counter() - start
     ev = result["eval"]
     return {"name": name, "unroll": unroll, "bf16": bf16, "steps": steps, "seconds": round(seconds, 1),
