@@ -81,13 +81,22 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `hf-dynaspec` parser: one subcommand per `_add_*_command`, each naming its `cmd_*` function."""
     summary, examples = __doc__.split("\n\n", 1)
     parser = argparse.ArgumentParser(prog="hf-dynaspec", description=summary, formatter_class=HelpFormatter,
                                      epilog="examples:\n" + examples)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     sub.add_parser = functools.partial(sub.add_parser, formatter_class=HelpFormatter)  # type: ignore[method-assign]
+    commands = (_add_init_command, _add_generate_command, _add_push_command, _add_demo_command, _add_bench_command,
+                _add_quality_command, _add_static_command, _add_distill_command, _add_export_command,
+                _add_import_eagle3_command, _add_features_command, _add_train_command)  # in `--help`'s order
+    for add_command in commands:
+        add_command(sub)
+    return parser
 
+
+def _add_init_command(sub) -> None:
     init = sub.add_parser("init", help="build a fresh (untrained) drafter for a target and save it")
     _add_target(init)
     init.add_argument("--out", required=True, help="folder to save the drafter in")
@@ -110,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the drafter layer's MLP width; default the target's")
     init.set_defaults(func=cmd_init)
 
+
+def _add_generate_command(sub) -> None:
     gen = sub.add_parser("generate", help="generate with plain greedy and with DynaSpec, compare")
     _add_decoding_target(gen)
     gen.add_argument("--drafter", required=True, help="drafter folder or Hub id")
@@ -119,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_speculative(gen)
     gen.set_defaults(func=cmd_generate)
 
+
+def _add_push_command(sub) -> None:
     push = sub.add_parser("push", help="upload a drafter folder (weights, configs, model card) to the Hub")
     push.add_argument("folder", help="a drafter folder saved with save_pretrained")
     push.add_argument("repo_id", help="Hub repository, e.g. me/my-drafter")
@@ -126,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--dry-run", action="store_true", help="check the folder and list files, upload nothing")
     push.set_defaults(func=cmd_push)
 
+
+def _add_demo_command(sub) -> None:
     demo = sub.add_parser("demo", help="a target + its shipped drafter, offline: plain greedy vs DynaSpec")
     _add_decoding_target(demo)
     demo.add_argument("--drafter", default=None,
@@ -136,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--prompt", action="append", default=None, help="replace the demo prompts")
     demo.set_defaults(func=cmd_demo)
 
+
+def _add_bench_command(sub) -> None:
     bench = sub.add_parser("bench", help="every method side by side on Spec-Bench (or --prompts FILE.jsonl)")
     _add_decoding_target(bench)
     bench.add_argument("--drafter", default=None, help="drafter folder or Hub id (required unless --summarize-only)")
@@ -157,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="rebuild results.json / .md and plots from OUT/records.jsonl without generating")
     bench.set_defaults(func=cmd_bench)
 
+
+def _add_quality_command(sub) -> None:
     quality = sub.add_parser("quality", help="GSM8K answers: plain vs DynaSpec sampling (and greedy), with tests")
     _add_decoding_target(quality)
     quality.add_argument("--drafter", default=None, help="drafter folder or Hub id (required unless --summarize-only)")
@@ -169,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="rebuild results from OUT/records.jsonl without generating")
     quality.set_defaults(func=cmd_quality)
 
+
+def _add_static_command(sub) -> None:
     static = sub.add_parser("static", help="store a frequency-ranked static shortlist in a drafter (baseline)")
     static.add_argument("--drafter", required=True, help="drafter folder (updated in place)")
     counted = static.add_mutually_exclusive_group(required=True)
@@ -178,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     static.add_argument("--size", type=int, required=True, help="number of tokens to keep")
     static.set_defaults(func=cmd_static)
 
+
+def _add_distill_command(sub) -> None:
     distill = sub.add_parser("distill", help="answer prompts with the target: token ids (OUT/corpus), then its features")
     _add_target(distill)
     distill.add_argument("--prompts", action="append", required=True, help="JSON/JSONL file; may be repeated")
@@ -191,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     distill.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     distill.set_defaults(func=cmd_distill)
 
+
+def _add_export_command(sub) -> None:
     exp = sub.add_parser("export", help="write a drafter as a vLLM / SGLang EAGLE-3 draft model (static vocabulary)")
     exp.add_argument("drafter", help="drafter folder (EAGLE-3 architecture)")
     exp.add_argument("out", help="output folder (config.json + model.safetensors)")
@@ -210,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "shortlists held most often there; default: the drafter's static shortlist")
     exp.set_defaults(func=cmd_export)
 
+
+def _add_import_eagle3_command(sub) -> None:
     imp = sub.add_parser("import-eagle3", help="load a vLLM / SGLang EAGLE-3 checkpoint (safetensors) as a drafter")
     _add_target(imp)
     imp.add_argument("--checkpoint", required=True, help="EAGLE-3 folder (config.json + *.safetensors)")
@@ -217,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--num-clusters", type=int, default=64, help="vocabulary clusters of the dynamic head")
     imp.set_defaults(func=cmd_import_eagle3)
 
+
+def _add_features_command(sub) -> None:
     feats = sub.add_parser("features", help="the target's features of a token-id corpus, in batched passes (resumable)")
     _add_target(feats)
     feats.add_argument("--corpus", required=True, help="corpus folder (token ids, e.g. data/corpus/smollm2)")
@@ -232,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     feats.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     feats.set_defaults(func=cmd_features)
 
+
+def _add_train_command(sub) -> None:
     train = sub.add_parser("train", help="train a drafter on feature folders or a token-id corpus (resumable; SIGINT or "
                                            "SIGTERM checkpoints the last step and stops)")
     _add_train_args(train)
@@ -239,7 +270,6 @@ def build_parser() -> argparse.ArgumentParser:
     fit = sub.add_parser("router-fit", help="train only the router (e.g. of an imported EAGLE-3 drafter), minutes")
     _add_train_args(fit)
     fit.set_defaults(func=cmd_train, router_only=True, steps=300, unroll=1)
-    return parser
 
 
 def load_models(args: argparse.Namespace, drafter_path: str | Path):
