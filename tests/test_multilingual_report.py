@@ -133,7 +133,8 @@ def test_the_fastest_mode_is_pooled_over_every_slice(tmp_path):
     spec = write_run(tmp_path / "spec", ["writing"], modes | {"union": 3.0, "dynaspec": 3.4}, recall, speed)
     found, best, text, _ = report.report(lang, None, spec, None)
     assert best == "dynaspec"  # (33 + 34) x 2 tokens in 4 s beats the union's (35 + 30) x 2
-    assert f"(tokens/s): `dynaspec` 33.5, `union` 32.5, `context[static_size=2048]` 30.0, `{EQUAL}` 30.0" in text
+    assert (f"(tokens/s): `dynaspec` 33.5 (1.000x), `union` 32.5 (0.970x), `context[static_size=2048]` 30.0 (0.896x), "
+            f"`{EQUAL}` 30.0 (0.896x)") in text
     # the equal-size static list competes too: where it is the fastest, it is the default the figures name
     static_first = write_run(tmp_path / "static-first", ["writing"], modes | {EQUAL: 3.6}, recall, speed)
     assert report.report(static_first, None, static_first, None)[1] == EQUAL

@@ -170,7 +170,8 @@ def heldout_line(heldout_path: Path | None) -> str:
 def fastest_mode(slices: dict[str, tuple[list[Summary], list[dict]]]) -> tuple[str | None, str]:
     """The shortlist mode to ship as the default: of router (`dynaspec`), in-context, union and the equal-size
     static list (where it ran on every slice: a frequency list the drafter stores, no router), the one with the
-    most tokens/s over every slice's prompts together (new tokens / seconds, pooled), and each mode's figure. None
+    most tokens/s over every slice's prompts together (new tokens / seconds, pooled), and each mode's figure with its
+    ratio to the best. None
     unless router, in-context and union ran on every slice."""
     pooled: dict[str, list[float]] = {}  # method -> [new tokens, seconds, slices that ran it]
     required: set[str] = set()  # the router, in-context and union methods
@@ -189,7 +190,8 @@ def fastest_mode(slices: dict[str, tuple[list[Summary], list[dict]]]) -> tuple[s
     if len(required & complete.keys()) < 3:
         return None, "not measured (router, in-context and union must each run on every slice)"
     best = max(complete, key=complete.get)
-    return best, ", ".join(f"`{m}` {v:.1f}" for m, v in sorted(complete.items(), key=lambda kv: -kv[1]))
+    ranked = sorted(complete.items(), key=lambda kv: -kv[1])  # each beside its ratio to the best: ties read as ties
+    return best, ", ".join(f"`{m}` {v:.1f} ({v / complete[best]:.3f}x)" for m, v in ranked)
 
 
 def slice_table(slices: dict[str, tuple[list[Summary], list[dict]]]) -> str:
