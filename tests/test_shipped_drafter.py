@@ -86,7 +86,7 @@ def test_pipeline_takes_the_shipped_drafter_by_its_folder_name(smollm2):
 
 
 GEMMA = REPO / "drafters" / "gemma-3-270m"
-GEMMA_RUN = REPO / "benchmarks" / "results" / "cpu-gemma3-270m"  # its comparison
+GEMMA_RUN = REPO / "benchmarks" / "results" / "cpu-gemma3-ml-languages"  # its comparison (conditions.json)
 
 
 def test_shipped_gemma_drafter_keeps_its_tuned_tree_and_fits_a_gemma3_shaped_target():

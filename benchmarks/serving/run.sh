@@ -3,8 +3,8 @@
 # is kept apart from the project's), exports a drafter for it and runs benchmarks/serving/vllm_bench.py.
 #   TARGET=smollm2 (default): the shipped SmolLM2 drafter, static EAGLE-3 export and vllm-dynaspec (the plugin),
 #     on the tuning prompts in the chat template; README block "vllm-serving-results".
-#   TARGET=gemma3: a Gemma 3 270M drafter (DRAFTER, default the multilingual recipe's runs/gemma3-ml/ckpt; its layer
-#     must be silu), static exports with a 32,768-token draft vocabulary and with the whole vocabulary (the full
+#   TARGET=gemma3: a Gemma 3 270M drafter (DRAFTER, default the shipped drafters/gemma-3-270m, from the multilingual
+#     recipe; its layer must be silu), static exports with a 32,768-token draft vocabulary and with the whole vocabulary (the full
 #     head), and the plugin (no union limit, and limits of 32,768, 16,384 and 8,192 tokens), on the held-out language
 #     slice (2 prompts per language, "Question: ...\nAnswer:", the base model's format);
 #     README block "vllm-serving-gemma3".
@@ -36,7 +36,7 @@ case "$TARGET" in
         export_draft dynaspec --format vllm-dynaspec
         DRAFTS=(static-eagle3="$WORK/$TARGET-static" dynaspec-plugin="$WORK/$TARGET-dynaspec");;
     gemma3)
-        DRAFTER=${DRAFTER:-runs/gemma3-ml/ckpt}
+        DRAFTER=${DRAFTER:-drafters/gemma-3-270m}
         OUT=${OUT:-benchmarks/results/cpu-vllm-gemma3}
         BLOCK=vllm-serving-gemma3
         PROMPT_ARGS=(--prompt-format qa --prompts-file data/multilingual_slice.jsonl --per-category 2 --prompts 20)
