@@ -101,6 +101,8 @@ fi
 #    emulated, several times slower).
 CARRY=${CARRY:-recipes/gemma3/carry}  # $RUN/ckpt packed for git (hf_dynaspec/training/carry.py), after each stage
 # that writes it: a session that stops mid-training packs it there too and commits it; a fresh machine resumes from it
+# (removed once the drafter shipped: without it a fresh clone trains anew; `git checkout 8a548a3 --
+# recipes/gemma3/carry` restores the shipped drafter's checkpoint, and every later stage resumes from it)
 pack_ckpt() { python -m hf_dynaspec.training.carry pack "$RUN/ckpt" "$CARRY"; }
 [ -f "$CARRY/trainer_state.json" ] && python -m hf_dynaspec.training.carry unpack "$CARRY" "$RUN/ckpt" --init "$RUN/init"
 [ -f "$RUN/init/config.json" ] || stage init hf-dynaspec init --target gemma3 --architecture eagle3 \
