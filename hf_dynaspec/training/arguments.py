@@ -98,7 +98,7 @@ class TrainingArguments:
                              f"{self.head_vocab}.")
 
     def state(self) -> dict:
-        """What trainer_state.json records of these settings (`trainer.save_checkpoint`)."""
+        """What trainer_state.json records of these settings (`trainer.RunState.record`)."""
         return {"lr": self.lr, "batch_size": self.batch_size, "seq_len": self.seq_len, "unroll": self.unroll,
                 "length_pool": self.length_pool, "head_vocab": self.head_vocab,
                 "head_target_top": self.head_target_top}

@@ -276,10 +276,8 @@ class RunState:
 
     def record(self, args: TrainingArguments, step: int, sizes: list[int]) -> dict[str, Any]:
         """trainer_state.json after `step` steps."""
-        return {"step": step, "lr": args.lr, "batch_size": args.batch_size, "seq_len": args.seq_len,
-                "unroll": args.unroll, "last_losses": self.history[-20:], "started_this_run_at": self.start,
-                **args.state(), "curve": self.curve, "positions_seen": self.seen_before + self.tokens,
-                "data_conversations": sizes}
+        return {"step": step, **args.state(), "last_losses": self.history[-20:], "started_this_run_at": self.start,
+                "curve": self.curve, "positions_seen": self.seen_before + self.tokens, "data_conversations": sizes}
 
 
 @dataclass
@@ -292,15 +290,16 @@ class CurveData:
     gold_cache: dict = field(default_factory=dict)
 
     @classmethod
-    def of(cls, groups: dict[str, list[Conversation]], fallback: list[Conversation], args: TrainingArguments,
+    def of(cls, groups: dict[str, list[Conversation]], heldout: list[Conversation], args: TrainingArguments,
            featurize: TargetFeatures | None) -> CurveData:
+        """`heldout`: every group's held-out conversations together (or a stand-in where there are none); only the
+        set a curve point reads gets its states: `heldout` for one group, each group's for several."""
         if not args.eval_every:
             return cls([], groups)
-        heldout = [c for held in groups.values() for c in held] or fallback
+        if len(groups) < 2:
+            return cls(with_features(heldout, featurize, args.eval_positions), groups)
         per_group = positions_per_group(args.eval_positions, len(groups))
-        filled = {name: with_features(held, featurize, per_group) for name, held in groups.items()}
-        one_set = with_features(heldout, featurize, args.eval_positions) if len(groups) < 2 else []
-        return cls(one_set, filled)
+        return cls([], {name: with_features(held, featurize, per_group) for name, held in groups.items()})
 
     def point(self, drafter, args: TrainingArguments, step: int, seen: int) -> dict[str, Any]:
         point = curve_point(drafter, self.heldout, args.seq_len, step, seen, args.unroll, args.eval_positions,
@@ -341,7 +340,7 @@ def train_drafter(
     run = RunState.resumed(saved)
     generator = torch.Generator().manual_seed(args.seed + run.start)
     batches = length_grouped_batches(train, args.batch_size, args.seq_len, generator, args.length_pool, featurize)
-    curve_data = CurveData.of(groups, train[:1], args, featurize)
+    curve_data = CurveData.of(groups, heldout, args, featurize)
     drafter.train()
     t0 = time.perf_counter()
     with frozen(target), stop_signals() as stop:

@@ -171,8 +171,7 @@ def fastest_mode(slices: dict[str, tuple[list[Summary], list[dict]]]) -> tuple[s
     """The shortlist mode to ship as the default: of router (`dynaspec`), in-context, union and the equal-size
     static list (where it ran on every slice: a frequency list the drafter stores, no router), the one with the
     most tokens/s over every slice's prompts together (new tokens / seconds, pooled), and each mode's figure with its
-    ratio to the best. None
-    unless router, in-context and union ran on every slice."""
+    ratio to the best. None unless router, in-context and union ran on every slice."""
     pooled: dict[str, list[float]] = {}  # method -> [new tokens, seconds, slices that ran it]
     required: set[str] = set()  # the router, in-context and union methods
     for summaries, records in slices.values():
@@ -238,7 +237,7 @@ def why_lines(slices: dict[str, tuple[list[Summary], list[dict]]], recalls: dict
     (`ceiling_line`), then the fastest mode over every slice and the default it ships."""
     out = []
     for name, recall in recalls.items():
-        equal = find_method(by_method(slices[name][0]), "static") if name in slices else None
+        equal = find_method(by_method(slices[name][0]), "static")  # recalls come from the slices' own folders
         if ceiling := ceiling_line(recall, equal.method if equal else None):
             out.append(f"{SLICE_NAMES.get(name, name)}: {ceiling}")
     out.append(f"Fastest shortlist mode over every slice's prompts (tokens/s): {figures}; the shipped default: "
