@@ -334,7 +334,8 @@ def resolve_draft_settings(
 ) -> DraftSettings:
     """Per-call fields override the drafter's generation defaults, which override the library defaults (and
     the drafter config's shortlist budget). At each level a config's `device_trees[device_type]` (the type of
-    the target's device) overrides its flat fields."""
+    the target's device) overrides its flat fields. A level that picks a head which does not read `static_size`
+    drops a lower level's (a drafter shipped with a sized static head still runs `head_mode="dynamic"`)."""
     num_clusters = drafter_config.num_clusters
     merged: dict[str, Any] = dict(DEFAULT_SETTINGS)
     merged.update(DEFAULT_DEVICE_TREES.get(device_type, {}))
@@ -343,6 +344,8 @@ def resolve_draft_settings(
         fields = speculative_fields_of(config)
         trees = fields.pop("device_trees", {})
         check_speculative_fields({"device_trees": trees})
+        if fields.get("head_mode") not in (None, *STATIC_SIZED_MODES) and "static_size" not in fields:
+            fields["static_size"] = None  # a lower level's list size went with its head, which this level replaces
         merged.update(fields)
         merged.update(trees.get(device_type, {}))
     check_speculative_fields(merged)

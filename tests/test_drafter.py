@@ -11,6 +11,7 @@ from helpers import greedy, prompt, tiny_drafter, tiny_target
 from transformers import AutoConfig, AutoModel
 
 from hf_dynaspec import DynaSpecConfig, DynaSpecDrafter, DynaSpecGenerationConfig
+from hf_dynaspec.generation_config import resolve_draft_settings
 from hf_dynaspec.masks import causal_mask
 
 
@@ -360,3 +361,22 @@ def test_static_size_keeps_greedy_exact_and_is_validated(eos_target):
         eos_target.generate(ids, assistant_model=drafter, head_mode="static", static_size=500, max_new_tokens=4)
     with pytest.raises(ValueError, match="does not read it"):  # never silently ignored
         eos_target.generate(ids, assistant_model=drafter, head_mode="dynamic", static_size=20, max_new_tokens=4)
+
+
+def test_a_drafter_default_static_size_goes_with_its_head(eos_target):
+    """A drafter shipped with head_mode="static" and its list size: a call that picks a head which does not read
+    static_size drops the drafter's size with the drafter's head (a size the call sets itself is still refused)."""
+    drafter = tiny_drafter(eos_target)
+    drafter.set_static_shortlist(torch.arange(3, 100), ranked=True)
+    drafter.generation_config.head_mode, drafter.generation_config.static_size = "static", 20
+    ids = prompt(7)
+    out = eos_target.generate(ids, assistant_model=drafter, head_mode="dynamic", max_new_tokens=16, do_sample=False,
+                              return_dict_in_generate=True)
+    assert torch.equal(out.sequences, greedy(eos_target, ids, max_new_tokens=16))
+    resolve = lambda **call: resolve_draft_settings(  # noqa: E731
+        DynaSpecGenerationConfig(**call), drafter.generation_config, drafter.config)
+    assert (resolve().head_mode, resolve().static_size) == ("static", 20)
+    assert (resolve(head_mode="dynamic").head_mode, resolve(head_mode="dynamic").static_size) == ("dynamic", None)
+    assert resolve(head_mode="context").static_size == 20  # the context head reads it as its core
+    with pytest.raises(ValueError, match="does not read it"):
+        resolve(head_mode="dynamic", static_size=10)
