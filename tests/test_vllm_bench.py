@@ -37,6 +37,22 @@ def test_summary_compares_each_configuration_with_plain_at_its_batch(tmp_path):
     assert (tmp_path / "tokens_per_s.png").is_file()
 
 
+def test_the_plugin_is_compared_with_every_other_draft_at_its_batch(tmp_path):
+    for batch, static_ms in ((1, 40.0), (8, 10.0)):
+        write(tmp_path, "plain", batch, 1.0, [[1]])
+        write(tmp_path, "static-32k", batch, 1.0, [[1]], drafts=10, drafted=30, accepted=8,
+              draft={"calls": 10, "seconds": static_ms / 100})
+        write(tmp_path, "dynaspec-plugin", batch, 1.0, [[1]], drafts=10, drafted=30, accepted=10,
+              draft={"calls": 10, "seconds": 0.2})  # 20 ms per step
+        write(tmp_path, "dynaspec-plugin-u8k", batch, 1.0, [[1]], drafts=10, drafted=30, accepted=1,
+              draft={"calls": 10, "seconds": 0.01})  # a variant of the plugin: not a baseline
+    text = bench.summarize(tmp_path, readme=False)
+    assert ("Batch 1: the plugin's draft step takes 0.50x static-32k's (20.0 vs 40.0 ms) at 1.250x its acceptance "
+            "(1.000 vs 0.800 accepted per draft).") in text
+    assert "Batch 8: the plugin's draft step takes 2.00x static-32k's (20.0 vs 10.0 ms)" in text
+    assert "u8k's" not in text
+
+
 def test_drafts_keep_the_order_given_and_plain_comes_first(tmp_path):
     (tmp_path / "order.json").write_text(json.dumps(["plain", "static-32k", "full-head", "dynaspec-plugin"]))
     for name in ("dynaspec-plugin", "full-head", "static-32k", "plain"):
@@ -67,7 +83,7 @@ def test_base_model_format():
     assert bench.formatted(None, ["Why?"], "qa") == ["Question: Why?\nAnswer:"]
 
 
-def test_a_run_is_kept_only_while_its_draft_comes_from_the_same_weights(tmp_path, monkeypatch):
+def test_a_run_is_kept_only_while_its_draft_comes_from_the_same_weights_and_plain_shares_its_run(tmp_path, monkeypatch):
     draft = tmp_path / "draft"
     draft.mkdir()
     (draft / "source-digest").write_text("aaaa\n")
@@ -82,5 +98,5 @@ def test_a_run_is_kept_only_while_its_draft_comes_from_the_same_weights(tmp_path
     assert ran == []  # both measured with these weights: kept
     (draft / "source-digest").write_text("bbbb\n")  # the drafter was retrained and exported anew
     bench.run_all(args)
-    assert ran == [str(out / "x-b1.json")]
+    assert ran == [str(out / "plain-b1.json"), str(out / "x-b1.json")]  # plain again: the ratios share a run
     assert bench.draft_digest(str(draft)) == "bbbb" and bench.draft_digest(None) is None
