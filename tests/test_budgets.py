@@ -45,6 +45,7 @@ def test_the_partner_is_spelled_as_the_bench_takes_it_and_only_missing_ones_are_
     assert budgets.partner_method("dynaspec", 7075) == "static[static_size=7075]"
     assert (budgets.partner_method("dynaspec[shortlist_k0=4,shortlist_k1=2,min_draft_prob=0]", 1460)
             == "static[static_size=1460,min_draft_prob=0]")
+    assert budgets.partner_method("dynaspec-dyspec", 900) == "static[static_size=900,tree_policy=dyspec]"
     rows = [record("dynaspec", "a", 40, 50, 1000), record("static[static_size=1000]", "a", 40, 50, 1000),
             record("dynaspec[min_draft_prob=0,shortlist_k0=2]", "a", 40, 50, 300)]
     (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

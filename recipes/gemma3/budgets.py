@@ -38,11 +38,10 @@ def merged_stats(records: list, method: str, prompts: set[str]) -> tuple[Specula
 
 
 def partner_method(dynaspec: str, size: int) -> str:
-    """The static method of `size` tokens with a DynaSpec method's other settings, spelled as the bench takes it:
-    "dynaspec[shortlist_k0=4,min_draft_prob=0]", 1460 -> "static[static_size=1460,min_draft_prob=0]"."""
-    params = [p for p in dynaspec.partition("[")[2].rstrip("]").split(",") if p]
-    return "static[" + ",".join([f"static_size={size}"] +
-                                [p for p in params if p.partition("=")[0].strip() not in BUDGET_KEYS]) + "]"
+    """The static method of `size` tokens with a DynaSpec method's other settings (its base method's included),
+    spelled as the bench takes it: "dynaspec[shortlist_k0=4,min_draft_prob=0]", 1460 ->
+    "static[static_size=1460,min_draft_prob=0]"."""
+    return "static[" + ",".join([f"static_size={size}"] + [f"{k}={v}" for k, v in tree_settings(dynaspec)]) + "]"
 
 
 def dynaspec_sizes(records: list) -> dict[str, int]:
@@ -98,7 +97,7 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for tree in sorted({tree_settings(r["dynaspec"]) for r in rows}):
         group = [r for r in rows if tree_settings(r["dynaspec"]) == tree]
-        label = ", ".join(f"{k}={v}" for k, v in tree) or "default tree"
+        label = ", ".join(f"{k}={v}" for k, v in tree) or "the drafter's tree"
         for side, style in ((0, "o-"), (1, "s--")):
             ax.plot([r["mean_shortlist"] for r in group], [r["accepted"][side] for r in group], style,
                     label=f"{('DynaSpec', 'static')[side]} ({label})")
