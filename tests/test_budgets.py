@@ -52,3 +52,12 @@ def test_the_partner_is_spelled_as_the_bench_takes_it_and_only_missing_ones_are_
     monkeypatch.setattr(sys, "argv", ["budgets.py", str(tmp_path), "--partners"])
     budgets.main()
     assert capsys.readouterr().out.strip() == "static[static_size=300,min_draft_prob=0]"
+
+
+def test_a_partner_run_under_another_spelling_is_not_listed_again(tmp_path):
+    rows = [record("dynaspec[min_draft_prob=0]", "a", 40, 50, 300),
+            record("static[min_draft_prob=0,static_size=300]", "a", 40, 50, 300)]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records = read_records(tmp_path / "records.jsonl")
+    assert budgets.missing_partners(records) == []
+    assert [p["static"] for p in budgets.pairs(records)] == ["static[min_draft_prob=0,static_size=300]"]

@@ -44,28 +44,36 @@ def partner_method(dynaspec: str, size: int) -> str:
     return "static[" + ",".join([f"static_size={size}"] + [f"{k}={v}" for k, v in tree_settings(dynaspec)]) + "]"
 
 
-def dynaspec_sizes(records: list) -> dict[str, int]:
-    """Each DynaSpec method's mean shortlist size over the prompts it ran, rounded."""
-    methods = {r.method for r in records if r.stats is not None and method_settings(r.method).get("head_mode")
-               == "dynamic"}
-    return {m: round(SpeculativeStats.merged([SpeculativeStats.from_dict(r.stats) for r in records
-                                              if r.method == m]).mean_shortlist_size) for m in sorted(methods)}
+def prompts_by_method(records: list) -> dict[str, set[str]]:
+    """The prompts each speculative method ran."""
+    out: dict[str, set[str]] = {}
+    for r in records:
+        if r.stats is not None:
+            out.setdefault(r.method, set()).add(r.question_id)
+    return out
+
+
+def dynaspec_sizes(records: list, ran: dict[str, set[str]]) -> dict[str, int]:
+    """Each DynaSpec method's mean shortlist size over the prompts it ran (`ran`), rounded."""
+    return {m: round(merged_stats(records, m, prompts)[0].mean_shortlist_size) for m, prompts in sorted(ran.items())
+            if method_settings(m).get("head_mode") == "dynamic"}
+
+
+def find_partner(dynaspec: str, size: int, ran: dict[str, set[str]]) -> str | None:
+    """The static method of the run with `size` tokens and the DynaSpec method's other settings, however spelled."""
+    return next((m for m in ran if method_settings(m).get("head_mode") == "static"
+                 and method_settings(m).get("static_size") == size and tree_settings(m) == tree_settings(dynaspec)),
+                None)
 
 
 def pairs(records: list) -> list[dict]:
     """One row per DynaSpec method that has its equal-size static partner in the run."""
-    by_method: dict[str, set[str]] = {}
-    for r in records:
-        if r.stats is not None:
-            by_method.setdefault(r.method, set()).add(r.question_id)
+    ran = prompts_by_method(records)
     rows = []
-    for dyn, size in dynaspec_sizes(records).items():
-        partner = next((m for m in by_method if method_settings(m).get("head_mode") == "static"
-                        and method_settings(m).get("static_size") == size and tree_settings(m) == tree_settings(dyn)),
-                       None)
-        if partner is None:
+    for dyn, size in dynaspec_sizes(records, ran).items():
+        if (partner := find_partner(dyn, size, ran)) is None:
             continue
-        prompts = by_method[dyn] & by_method[partner]
+        prompts = ran[dyn] & ran[partner]
         (a, a_speed), (b, b_speed) = (merged_stats(records, m, prompts) for m in (dyn, partner))
         rows.append({"dynaspec": dyn, "static": partner, "prompts": len(prompts), "mean_shortlist": size,
                      "accepted": [a.mean_accepted_length, b.mean_accepted_length],
@@ -73,6 +81,12 @@ def pairs(records: list) -> list[dict]:
                      "recall": [a.shortlist_recall, b.shortlist_recall],
                      "tokens_per_s": [a_speed, b_speed]})
     return sorted(rows, key=lambda row: (tree_settings(row["dynaspec"]), row["mean_shortlist"]))
+
+
+def missing_partners(records: list) -> list[str]:
+    """The static methods still to run, one per DynaSpec method without its partner, spelled for the bench."""
+    ran = prompts_by_method(records)
+    return [partner_method(d, n) for d, n in dynaspec_sizes(records, ran).items() if find_partner(d, n, ran) is None]
 
 
 def markdown(rows: list[dict], machine: str) -> str:
@@ -119,8 +133,7 @@ def main() -> None:
     args = parser.parse_args()
     records = read_records(args.run / "records.jsonl")
     if args.partners:
-        ran = {r.method for r in records}
-        print(",".join(m for m in (partner_method(d, n) for d, n in dynaspec_sizes(records).items()) if m not in ran))
+        print(",".join(missing_partners(records)))
         return
     rows = pairs(records)
     if not rows:
