@@ -7,7 +7,7 @@ A tree's speed on a device, in plain decoding steps per emitted token, is modell
 - tau, nu: tokens emitted and draft nodes verified per step. They depend on the drafter, the target and the
   prompts, not on the device (greedy fp32 verification is exact), so a CPU run of `hf-dynaspec bench` over
   candidate trees measures them (`--sweeps`).
-- c(n): the cost of verifying n tokens in plain decoding steps, as `verify_costs` takes it. From the GPU suite's
+- c(n): the cost of verifying n tokens in plain decoding steps, as the step policy plans with it. From the GPU suite's
   verify section (`--gpu`): a tree-masked forward over n tokens over a one-token causal forward at the same
   context, made non-decreasing (as `calibration.measure_verify_costs` does: timing noise must not make a larger
   forward look cheaper), a size between two measured ones costing as the larger, averaged over the contexts.
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hf_dynaspec.generation.cost import VerifyCosts  # noqa: E402
+from hf_dynaspec.generation.policy import VerifyCosts  # noqa: E402
 from hf_dynaspec.generation.stats import SpeculativeStats  # noqa: E402
 from hf_dynaspec.generation_config import TREE_FIELDS  # noqa: E402
 

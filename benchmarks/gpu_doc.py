@@ -156,7 +156,8 @@ def advice(verify: dict, meta: dict, tree_choice: dict | None) -> str:
     return (text + f" So on CUDA `generate()` drafts a larger tree by default ({chosen}, unless the drafter stores "
             "its own CUDA tree in `device_trees`), chosen by `benchmarks/device_tree.py` from these costs and the "
             "tokens per step each candidate tree emits (`benchmarks/results/cuda-default-tree`). "
-            "`verify_costs=\"auto\"` times your GPU once and keeps only the drafts that pay there.")
+            "The step policy (`step_policy=\"auto\"`, the default) times your GPU once and keeps only the drafts that pay "
+            "there.")
 
 
 def main() -> None:

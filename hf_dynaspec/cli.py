@@ -33,7 +33,7 @@ from .bench_prompts import load_bench_prompts
 from .configuration import ARCHITECTURES, eagle3_layer_ids
 from .cpu import is_prepared_for_cpu, prepare_for_cpu
 from .generation.calibration import measured_walk_heads
-from .generation_config import HEAD_MODES, SPEC_FIELDS, TREE_POLICIES, DynaSpecGenerationConfig
+from .generation_config import HEAD_MODES, SPEC_FIELDS, STEP_POLICIES, TREE_POLICIES, DynaSpecGenerationConfig
 from .interchange import DEFAULT_DRAFT_VOCAB, FORMATS, export_eagle3, load_eagle3, shortlist_counts_on_data
 from .machine import machine_description
 from .modeling import DynaSpecDrafter
@@ -386,26 +386,13 @@ def _add_speculative(parser: argparse.ArgumentParser) -> None:
                         help="graft a prompt-lookup branch of this many tokens onto the tree (0: off)")
     parser.add_argument("--lookup-max-ngram", type=int, default=None, help="longest n-gram matched for the lookup branch")
     parser.add_argument("--lookup-min-ngram", type=int, default=None, help="shortest n-gram matched for the lookup branch")
-    parser.add_argument("--verify-costs", type=verify_costs_arg, default=None,
-                        help="trim trees to what verification pays for: off, auto, or c(1),c(2),... "
-                             "(cost of a target forward over 1, 2, ... tokens)")
+    parser.add_argument("--step-policy", choices=STEP_POLICIES, default=None,
+                        help="auto: each step drafts only what its expected payoff covers, down to a plain step; "
+                             "off: the whole configured tree every step")
     parser.add_argument("--static-size", type=int, default=None,
                         help="static head: keep only the N most frequent tokens of the drafter's ranked static list")
-    parser.add_argument("--draft-gate", action=argparse.BooleanOptionalAction, default=None,
-                        help="decode plainly for a while whenever drafted steps emit tokens more slowly than plain "
-                             "ones (default: the drafter's generation_config.json)")
     parser.add_argument("--synchronize-timers", action="store_true", default=None,
                         help="CUDA: synchronise around timed sections (times measure work, not launches)")
-
-
-def verify_costs_arg(text: str) -> str | list[float]:
-    """'off' | 'auto' | '1,1.07,1.16,1.41' for --verify-costs."""
-    if text in ("off", "auto"):
-        return text
-    try:
-        return [float(c) for c in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected off, auto or comma-separated numbers, got {text!r}") from None
 
 
 def cmd_init(args: argparse.Namespace) -> int:

@@ -15,7 +15,6 @@ per-device trees (`DEFAULT_DEVICE_TREES`) are chosen from measured costs (`bench
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,8 +38,7 @@ SPEC_FIELDS = (
     "lookup_num_tokens",
     "lookup_max_ngram",
     "lookup_min_ngram",
-    "verify_costs",
-    "draft_gate",
+    "step_policy",
     "synchronize_timers",
     "shortlist_layout",
     "count_host_reads",
@@ -50,12 +48,16 @@ SPEC_FIELDS = (
     "device_trees",
 )
 # The fields that size the draft tree: what `device_trees` may set per device type.
-TREE_FIELDS = ("tree_policy", "num_draft_nodes", "draft_depth", "draft_top_k", "min_draft_prob", "verify_costs")
+TREE_FIELDS = ("tree_policy", "num_draft_nodes", "draft_depth", "draft_top_k", "min_draft_prob", "step_policy")
+# Settings the step policy replaced (`generation.policy`): their inert values load (older generation_config.json
+# files carry them); any other value is refused with what to use instead.
+REMOVED_FIELDS = {"verify_costs": ("off",), "draft_gate": (False,)}
+STEP_POLICIES = ("auto", "off")
 # Defaults; the tree is the one for CPUs (small: verification of many nodes is costly there; docs/architecture.md).
 DEFAULT_SETTINGS = dict(
     tree_policy="eagle2", num_draft_nodes=12, draft_depth=5, draft_top_k=4, head_mode="dynamic", min_draft_prob=0.0,
-    lookup_num_tokens=8, lookup_max_ngram=3, lookup_min_ngram=1, verify_costs="off", static_size=None,
-    draft_gate=False, synchronize_timers=False, shortlist_layout="auto", count_host_reads=False,
+    lookup_num_tokens=8, lookup_max_ngram=3, lookup_min_ngram=1, step_policy="auto", static_size=None,
+    synchronize_timers=False, shortlist_layout="auto", count_host_reads=False,
     tree_growth="auto", draft_graphs="auto", verify_head="auto",
 )
 SHORTLIST_LAYOUTS = ("auto", *LAYOUTS)
@@ -69,7 +71,6 @@ GRAPH_HEAD_MODES = ("dynamic", "static", "full")  # the heads whose shapes stay 
 DEFAULT_DEVICE_TREES: dict[str, dict[str, Any]] = {
     "cuda": dict(num_draft_nodes=48, draft_depth=3, draft_top_k=16, min_draft_prob=0.0),
 }
-MAX_VERIFY_COSTS = 1025  # c(1..n) for every tree the budget allows (1 + 1024 nodes)
 
 
 class DynaSpecGenerationConfig(GenerationConfig):
@@ -94,15 +95,14 @@ class DynaSpecGenerationConfig(GenerationConfig):
             occurrence of the sequence's last n tokens (prompt lookup), grafted onto the tree as one more
             root path (0: off). Helps where answers copy the prompt or repeat themselves.
         lookup_max_ngram / lookup_min_ngram (`int`): n-gram sizes tried for the lookup, longest first.
-        verify_costs (`str` or `list[float]`): trim each tree to the nodes worth their verification cost
-            (`generation.cost`): "off", "auto" (time the target's forwards once, on the first call), or the
-            costs c(1), c(2), ... of a target forward over 1, 2, ... tokens, in decoding steps.
+        step_policy (`str`): "auto" (before each step, choose the tree that maximises expected tokens per
+            second from the target's measured verification costs, the drafter's measured costs and acceptance
+            estimates calibrated on this sequence: a drafted tree of some depth trimmed to what its verification
+            pays for, the lookup branch alone, or a plain step; `generation.policy`) or "off" (the whole
+            configured tree every step).
         static_size (`int`, *optional*): "static" head: use only the N most frequent tokens of the drafter's
             frequency-ranked static shortlist (None: all of it), e.g. to compare shortlist sizes in one run;
             "context" head: the size of its frequent core (NanoSpec keeps it under 3k tokens).
-        draft_gate (`bool`): draft only where it pays: when drafted steps emit tokens more slowly than plain
-            steps of the same call, decode plainly for a while (backing off exponentially) and try again
-            (`generation.gate`); output is unchanged either way.
         synchronize_timers (`bool`): on CUDA, synchronise around each timed section of `speculative_stats`
             so its times measure work rather than kernel launches (slows decoding; for profiling).
         shortlist_layout (`str`): how the "dynamic" and "union" heads lay out their shortlists: "union" (the
@@ -144,9 +144,8 @@ class DynaSpecGenerationConfig(GenerationConfig):
         lookup_num_tokens: int | None = None,
         lookup_max_ngram: int | None = None,
         lookup_min_ngram: int | None = None,
-        verify_costs: str | list[float] | None = None,
+        step_policy: str | None = None,
         static_size: int | None = None,
-        draft_gate: bool | None = None,
         synchronize_timers: bool | None = None,
         shortlist_layout: str | None = None,
         count_host_reads: bool | None = None,
@@ -167,9 +166,8 @@ class DynaSpecGenerationConfig(GenerationConfig):
         self.lookup_num_tokens = lookup_num_tokens
         self.lookup_max_ngram = lookup_max_ngram
         self.lookup_min_ngram = lookup_min_ngram
-        self.verify_costs = list(verify_costs) if isinstance(verify_costs, tuple) else verify_costs
+        self.step_policy = step_policy
         self.static_size = static_size
-        self.draft_gate = draft_gate
         self.synchronize_timers = synchronize_timers
         self.shortlist_layout = shortlist_layout
         self.count_host_reads = count_host_reads
@@ -194,7 +192,20 @@ def speculative_fields_of(config: GenerationConfig | None) -> dict[str, Any]:
     generate() hook moves DynaSpec keyword arguments onto the call's config), so none is silently dropped."""
     if config is None:
         return {}
+    check_removed_fields(config)
     return {name: getattr(config, name) for name in SPEC_FIELDS if getattr(config, name, None) is not None}
+
+
+def check_removed_fields(config: GenerationConfig) -> None:
+    """A removed setting (`REMOVED_FIELDS`) set to anything but its inert value is refused, never ignored."""
+    for name, inert in REMOVED_FIELDS.items():
+        value = getattr(config, name, None)
+        if value is not None and value not in inert:
+            raise ValueError(
+                f"{name}={value!r} was replaced by the step policy (step_policy='auto', the default), which "
+                "trims each tree to what its verification pays for and decodes plainly where no draft pays; drop "
+                f"{name}, or set step_policy='off' to verify the whole configured tree every step."
+            )
 
 
 @dataclass(frozen=True)
@@ -213,9 +224,8 @@ class DraftSettings:
     lookup_num_tokens: int
     lookup_max_ngram: int
     lookup_min_ngram: int
-    verify_costs: str | tuple[float, ...]
+    step_policy: str
     static_size: int | None
-    draft_gate: bool
     synchronize_timers: bool
     shortlist_layout: str  # "union" or "lanes" ("auto" is resolved per device)
     count_host_reads: bool
@@ -227,7 +237,8 @@ class DraftSettings:
 def check_speculative_fields(fields: dict[str, Any]) -> None:
     """Raise `ValueError` naming the field and the valid range for impossible values."""
     choices = {"tree_policy": TREE_POLICIES, "head_mode": HEAD_MODES, "shortlist_layout": SHORTLIST_LAYOUTS,
-               "tree_growth": TREE_GROWTHS, "draft_graphs": DRAFT_GRAPHS, "verify_head": VERIFY_HEADS}
+               "tree_growth": TREE_GROWTHS, "draft_graphs": DRAFT_GRAPHS, "verify_head": VERIFY_HEADS,
+               "step_policy": STEP_POLICIES}
     ranges = {
         "num_draft_nodes": (1, 1024),
         "draft_depth": (1, 64),
@@ -242,11 +253,9 @@ def check_speculative_fields(fields: dict[str, Any]) -> None:
     for name, value in fields.items():
         if name == "static_size" and value is None:
             continue
-        if name == "verify_costs":
-            check_verify_costs(value)
         if name == "device_trees":
             check_device_trees(value)
-        if name in ("synchronize_timers", "draft_gate", "count_host_reads") and not isinstance(value, bool):
+        if name in ("synchronize_timers", "count_host_reads") and not isinstance(value, bool):
             raise ValueError(f"DynaSpecGenerationConfig.{name} must be True or False, got {value!r}.")
         if name == "min_draft_prob" and (isinstance(value, bool) or not isinstance(value, (int, float))
                                          or not 0.0 <= value < 1.0):
@@ -303,24 +312,6 @@ def check_static_size(static_size: int | None, head_mode: str, drafter_config: D
         )
 
 
-def are_positive_costs(values: Any) -> bool:
-    """A non-empty list / tuple of positive finite numbers (booleans refused): a valid cost table c(1), c(2), ..."""
-    return isinstance(values, (list, tuple)) and len(values) > 0 and all(
-        isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c > 0 for c in values
-    )
-
-
-def check_verify_costs(value: Any) -> None:
-    if value in ("off", "auto"):
-        return
-    if not are_positive_costs(value) or len(value) > MAX_VERIFY_COSTS:
-        raise ValueError(
-            "DynaSpecGenerationConfig.verify_costs must be 'off', 'auto' or a list of positive numbers c(1), "
-            f"c(2), ... (the cost of a target forward over 1, 2, ... tokens; at most {MAX_VERIFY_COSTS}), "
-            f"got {value!r}."
-        )
-
-
 def default_drafter_generation_config(shortlist_k0: int, shortlist_k1: int) -> DynaSpecGenerationConfig:
     """The defaults a fresh drafter carries: all but the tree, which it takes per device from the library
     (`DEFAULT_SETTINGS`, `DEFAULT_DEVICE_TREES`) until a tuned tree is stored in its `device_trees`."""
@@ -360,8 +351,6 @@ def resolve_draft_settings(
                 f"DynaSpecGenerationConfig.{name}={merged[name]} exceeds the drafter's {num_clusters} clusters."
             )
     check_static_size(merged["static_size"], merged["head_mode"], drafter_config)
-    if isinstance(merged["verify_costs"], list):
-        merged["verify_costs"] = tuple(float(c) for c in merged["verify_costs"])
     if merged["shortlist_layout"] == "auto":
         merged["shortlist_layout"] = "lanes" if device_type == "cuda" else "union"
     if merged["tree_growth"] == "auto":

@@ -3,12 +3,15 @@
 Triton reads TRITON_INTERPRET when ``@triton.jit`` decorates a kernel, i.e. when the kernel module
 is first imported, so it has to be set here, before any test module imports it. The interpreter
 runs the Triton kernels on CPU tensors (CUDA tensors are copied to the host and back). To test the
-compiled kernels on a GPU instead, run ``TRITON_INTERPRET=0 python -m pytest``.
+compiled kernels on a GPU instead, run ``TRITON_INTERPRET=0 python -m pytest``. Calibration's measurements are
+not written to the user's cache from tests (``HF_DYNASPEC_MEASURE=memory``).
 """
 
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# calibration's measurements stay in the process (tests/test_measured.py tests the disk cache in a temporary folder)
+os.environ.setdefault("HF_DYNASPEC_MEASURE", "memory")
 
 
 import pytest  # noqa: E402

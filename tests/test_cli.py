@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from hf_dynaspec.cli import main, shipped_drafter, verify_costs_arg
+from hf_dynaspec.cli import build_parser, main, shipped_drafter
 
 
 def test_init_generate_push(tmp_path, capsys):
@@ -19,7 +19,7 @@ def test_init_generate_push(tmp_path, capsys):
                  "--max-new-tokens", "8", "--tree-policy", "dyspec"]) == 0
     assert "| True |" in capsys.readouterr().out
     assert main(["generate", "--target", "tiny", "--drafter", str(out), "--prompt", "hello",
-                 "--max-new-tokens", "8", "--verify-costs", "1,1.1,1.5"]) == 0
+                 "--max-new-tokens", "8", "--step-policy", "auto"]) == 0
     assert "| True |" in capsys.readouterr().out
     assert main(["demo", "--target", "tiny", "--drafter", str(out), "--prompt", "hello", "--max-new-tokens", "8",
                  "--prompt-format", "qa"]) == 0
@@ -103,7 +103,7 @@ def test_method_variants_parse():
     methods = parse_methods("plain,dynaspec[num_draft_nodes=8,tree_policy=dyspec],full")
     assert methods == ["plain", "dynaspec[num_draft_nodes=8,tree_policy=dyspec]", "full"]
     assert method_settings(methods[1]) == {"head_mode": "dynamic", "num_draft_nodes": 8, "tree_policy": "dyspec"}
-    assert method_settings("dynaspec[verify_costs=auto]")["verify_costs"] == "auto"
+    assert method_settings("dynaspec[step_policy=off]")["step_policy"] == "off"
     assert method_settings("dynaspec[count_host_reads=true]")["count_host_reads"] is True
 
 
@@ -145,10 +145,13 @@ def test_bench_reports_host_reads_of_the_methods_that_count_them(tmp_path):
     assert "## Host reads" in text and "| dynaspec[count_host_reads=true] |" in text
 
 
-def test_verify_costs_flag_parses():
-    assert verify_costs_arg("auto") == "auto" and verify_costs_arg("1,1.5") == [1.0, 1.5]
-    with pytest.raises(argparse.ArgumentTypeError, match="comma-separated"):
-        verify_costs_arg("fast")
+def test_step_policy_flag_parses(capsys):
+    parser = build_parser()
+    args = parser.parse_args(["generate", "--drafter", "d", "--prompt", "hi", "--step-policy", "off"])
+    assert args.step_policy == "off"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "--drafter", "d", "--prompt", "hi", "--step-policy", "sometimes"])
+    assert "invalid choice" in capsys.readouterr().err
 
 
 def test_bench_keeps_the_median_of_repeats(monkeypatch):

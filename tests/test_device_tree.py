@@ -78,7 +78,7 @@ def test_generate_uses_the_tree_of_the_targets_device_and_stays_exact(target):
 
     def tree_size(device_trees: dict) -> float:
         config = DynaSpecGenerationConfig(max_new_tokens=16, return_dict_in_generate=True, lookup_num_tokens=0,
-                                          device_trees=device_trees)
+                                          device_trees=device_trees, step_policy="off")  # the whole tree
         out = target.generate(ids, generation_config=config, assistant_model=drafter)
         assert torch.equal(out.sequences, plain)
         return out.speculative_stats.mean_tree_size

@@ -1,12 +1,13 @@
 """Calibration: what the target's work costs on this machine, measured, never assumed.
 
 - `measure_verify_costs`: how much a target forward over n tokens costs here, in decoding steps (the c(n) of
-  `cost.py`), timing forwards shaped as verifications (4D mask, explicit positions, hidden states, walk logits
-  as `verify.verify_forward` computes them); `verify_costs_for` turns the `verify_costs` setting into a model.
+  `policy.py`), timing forwards shaped as verifications (4D mask, explicit positions, hidden states, walk
+  logits as `verify.verify_forward` computes them); `step_costs` gives the step policy its table.
 - `measure_walk_head`: how the CPU walk path applies the target's LM head (`walk_head.WalkHead`): in which
   weight layout, and how many rows the verification pass computes at once, from both layouts timed for 1..8
   rows (how BLAS fares with a few rows, and which layout it prefers, depends on the machine and the head's shape).
-Both are memoised per target, device, dtype and thread count.
+Both are kept on disk per target shape, dtype and machine (`measured`: the next process skips the timing) and
+memoised per target, device, dtype and thread count.
 
     python -c "from hf_dynaspec.generation.calibration import measure_verify_costs; help(measure_verify_costs)"
 """
@@ -23,12 +24,14 @@ from transformers import DynamicCache
 
 from ..generation_config import DraftSettings
 from ..masks import target_masks
-from .cost import VerifyCosts
+from . import measured
+from .policy import VerifyCosts, are_positive_costs
 from .verify import crop_cache
 from .walk_head import GREEDY_LAYOUTS, LAYOUTS, WalkHead, choose_walk_head
 
 CALIBRATION_CONTEXT = 128  # cached tokens under the timed forwards (the cost barely moves with context)
 CALIBRATION_REPEATS = 3  # median of this many timed forwards per size
+WALK_REPEATS = 3  # median of this many timed head applications per row count and layout
 MAX_MEASURED = 32  # sizes timed by "auto"; beyond, c grows by its last step
 MAX_WALK_ROWS = 8
 EXPECTED_WALK = 3  # rows a step's walk reads (accepted drafts + bonus token), the prior behind the rows at once
@@ -39,13 +42,14 @@ _WALK_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -
 
 
 @torch.no_grad()
-def measure_walk_head(target: torch.nn.Module, max_rows: int = MAX_WALK_ROWS, repeats: int = 5,
+def measure_walk_head(target: torch.nn.Module, max_rows: int = MAX_WALK_ROWS, repeats: int = WALK_REPEATS,
                       walk: int = EXPECTED_WALK, columns_margin: float = COLUMNS_MARGIN,
                       layouts: tuple[str, ...] = ("rows", "columns")) -> WalkHead:
     """The target's head in the layout of `layouts`, and with the rows at once, that make a walk of `walk` rows
     cheapest here (median timings of 1..max_rows rows in each layout, of its logits or, "prefilter", its greedy
-    picks; `walk_head.choose_walk_head`). Memoised per target, setting and head weights (an in-place update of
-    the weights measures anew: a layout's copy would be stale)."""
+    picks; `walk_head.choose_walk_head`). The timings are kept on disk per target shape and machine (`measured`);
+    the choice is memoised per target, setting and head weights (an in-place update of the weights makes the
+    layout's copy anew)."""
     unknown = [layout for layout in layouts if layout not in LAYOUTS]
     if unknown or not layouts:
         raise ValueError(f"layouts must be some of {LAYOUTS}, got {layouts!r}.")
@@ -57,22 +61,50 @@ def measure_walk_head(target: torch.nn.Module, max_rows: int = MAX_WALK_ROWS, re
     if key not in memo:
         if any(old[-1] != weights for old in memo):
             memo.clear()  # an older key holds a stale copy of the weights
-        hidden = torch.randn(max_rows, weight.shape[1], device=target.device, dtype=weight.dtype)
-        heads = {layout: WalkHead.of(target, layout=layout) for layout in layouts}
-        if "prefilter" in heads and heads["prefilter"].prefilter.error_over_bound(hidden) >= PREFILTER_SAFETY:
-            if len(heads) == 1:
-                raise ValueError("verify_head='prefilter': this machine's bf16 GEMM errs beyond the bound the "
-                                 "prefilter's exactness rests on (not fp32 accumulation?). Use 'auto'.")
-            del heads["prefilter"]  # not exact here: left out
-        seconds = {}
-        for layout, head in heads.items():
-            apply = head.argmax if layout in GREEDY_LAYOUTS else head
-            apply(hidden)  # warm-up
-            seconds[layout] = tuple(_median_seconds(lambda r=r, f=apply: f(hidden[:r]), repeats, target.device)
-                                    for r in range(1, max_rows + 1))
-        layout, rows = choose_walk_head(seconds, walk, columns_margin)
-        memo[key] = dataclasses.replace(heads[layout], rows=rows, seconds=seconds)  # the other layouts' copies go
+        seconds = walk_head_seconds(target, layouts, max_rows, repeats)
+        memo[key] = exact_walk_head(target, seconds, walk, columns_margin)
     return memo[key]
+
+
+def walk_head_seconds(target: torch.nn.Module, layouts: tuple[str, ...], max_rows: int, repeats: int
+                      ) -> dict[str, tuple[float, ...]]:
+    """Median seconds of 1..max_rows rows through the head in each layout: from disk when this target shape and
+    machine were timed before (`measured`), else timed now and stored."""
+    stored_key = measured.measurement_key(target, "walk_head", dict(layouts=list(layouts), max_rows=max_rows,
+                                                                    repeats=repeats))
+    stored = measured.load(stored_key)
+    if isinstance(stored, dict) and set(stored) == set(layouts):
+        return {layout: tuple(stored[layout]) for layout in layouts}
+    weight = target.get_output_embeddings().weight
+    hidden = torch.randn(max_rows, weight.shape[1], device=target.device, dtype=weight.dtype)
+    seconds = {}
+    for layout in layouts:
+        head = WalkHead.of(target, layout=layout)
+        apply = head.argmax if layout in GREEDY_LAYOUTS else head
+        apply(hidden)  # warm-up
+        seconds[layout] = tuple(_median_seconds(lambda r=r, f=apply: f(hidden[:r]), repeats, target.device)
+                                for r in range(1, max_rows + 1))
+    measured.save(stored_key, {k: list(v) for k, v in seconds.items()},
+                  f"walk head timings of {type(target).__name__}, {target.dtype}, 1..{max_rows} rows per layout")
+    return seconds
+
+
+def exact_walk_head(target: torch.nn.Module, seconds: dict[str, tuple[float, ...]], walk: int,
+                    columns_margin: float) -> WalkHead:
+    """The cheapest layout of `seconds` (`choose_walk_head`), its copy made; the "prefilter" one only where this
+    machine's bf16 GEMM stays within the bound its exactness rests on (else the next cheapest)."""
+    seconds = dict(seconds)
+    weight = target.get_output_embeddings().weight
+    hidden = torch.randn(MAX_WALK_ROWS, weight.shape[1], device=target.device, dtype=weight.dtype)
+    while True:
+        layout, rows = choose_walk_head(seconds, walk, columns_margin)
+        head = WalkHead.of(target, layout=layout)
+        if layout != "prefilter" or head.prefilter.error_over_bound(hidden) < PREFILTER_SAFETY:
+            return dataclasses.replace(head, rows=rows, seconds=seconds)
+        if len(seconds) == 1:
+            raise ValueError("verify_head='prefilter': this machine's bf16 GEMM errs beyond the bound the "
+                             "prefilter's exactness rests on (not fp32 accumulation?). Use 'auto'.")
+        del seconds["prefilter"]  # not exact here: left out
 
 
 def measured_walk_heads(target: torch.nn.Module) -> list[str]:
@@ -127,38 +159,62 @@ def measure_verify_costs(
 ) -> VerifyCosts:
     """c(1..max_tokens) of `target` as it verifies here (same device, dtype, threads), relative to c(1);
     `walk_head` as verification computes logits ("auto": `measure_walk_head` on CPU, all rows elsewhere).
-    Memoised per target and setting: the first call costs about 4 * max_tokens forwards. `.costs` is what
-    `verify_costs=[...]` takes."""
+    Forwards over `timed_sizes` tokens are timed (c linear between them); kept on disk per target shape and
+    machine (`measured`) and memoised per target and setting."""
     if walk_head == "auto":
         walk_head = measure_walk_head(target) if target.device.type == "cpu" else None
     walk = (walk_head.layout, walk_head.rows) if walk_head else None
     key = (max_tokens, walk, str(target.device), target.dtype, torch.get_num_threads())
     memo = _MEASURED.setdefault(target, {})
     if key not in memo:
-        cache = DynamicCache()
-        ids = torch.randint(0, target.config.get_text_config().vocab_size, (1, CALIBRATION_CONTEXT))
-        with torch.no_grad():
-            target(input_ids=ids.to(target.device), cache=cache, use_cache=True)
-        time_forward(target, cache, CALIBRATION_CONTEXT, max_tokens, 1, walk_head)  # warm-up
-        seconds = [
-            time_forward(target, cache, CALIBRATION_CONTEXT, n, CALIBRATION_REPEATS, walk_head)
-            for n in range(1, max_tokens + 1)
-        ]
-        # timing noise must not make a bigger forward look cheaper: c is made non-decreasing
-        costs = [max(seconds[: n + 1]) / seconds[0] for n in range(len(seconds))]
-        memo[key] = VerifyCosts(tuple(costs))
+        stored_key = measured.measurement_key(target, "verify_costs", dict(
+            max_tokens=max_tokens, walk=walk, context=CALIBRATION_CONTEXT, repeats=CALIBRATION_REPEATS))
+        stored = measured.load(stored_key)
+        if not (are_positive_costs(stored) and len(stored) == max_tokens):
+            stored = _time_verify_costs(target, max_tokens, walk_head)
+            measured.save(stored_key, stored, f"verify costs c(1..{max_tokens}) of {type(target).__name__}, "
+                          f"{target.dtype}, walk head {walk}")
+        memo[key] = VerifyCosts(tuple(stored))
     return memo[key]
 
 
-def verify_costs_for(settings: DraftSettings, target: torch.nn.Module, walk_head: WalkHead | None
-                     ) -> VerifyCosts | None:
-    """The cost model of `settings.verify_costs` ("off": None; "auto": measured here, once per target)."""
-    if settings.verify_costs == "off":
+def timed_sizes(max_tokens: int) -> list[int]:
+    """The forward sizes timed for c(1..max_tokens): every size up to 6, then about a third apart."""
+    sizes, n = [], 1
+    while n < max_tokens:
+        sizes.append(n)
+        n = n + 1 if n < 6 else max(n + 1, round(n * 1.33))
+    return [*sizes, max_tokens]
+
+
+def _time_verify_costs(target: torch.nn.Module, max_tokens: int, walk_head: WalkHead | None) -> list[float]:
+    """c(1..max_tokens): forwards of `timed_sizes` timed after CALIBRATION_CONTEXT cached tokens, the rest
+    interpolated linearly, made non-decreasing (timing noise must not make a bigger forward look cheaper)."""
+    cache = DynamicCache()
+    ids = torch.randint(0, target.config.get_text_config().vocab_size, (1, CALIBRATION_CONTEXT))
+    with torch.no_grad():
+        target(input_ids=ids.to(target.device), cache=cache, use_cache=True)
+    time_forward(target, cache, CALIBRATION_CONTEXT, max_tokens, 1, walk_head)  # warm-up
+    sizes = timed_sizes(max_tokens)
+    timed = [time_forward(target, cache, CALIBRATION_CONTEXT, n, CALIBRATION_REPEATS, walk_head) for n in sizes]
+    seconds = []
+    for n in range(1, max_tokens + 1):
+        right = next(i for i, size in enumerate(sizes) if size >= n)
+        if sizes[right] == n:
+            seconds.append(timed[right])
+        else:  # between sizes[right - 1] and sizes[right]
+            share = (n - sizes[right - 1]) / (sizes[right] - sizes[right - 1])
+            seconds.append(timed[right - 1] + share * (timed[right] - timed[right - 1]))
+    return [max(seconds[: n + 1]) / seconds[0] for n in range(len(seconds))]
+
+
+def step_costs(settings: DraftSettings, target: torch.nn.Module, walk_head: WalkHead | None) -> VerifyCosts | None:
+    """The verification costs the step policy plans with (None with `step_policy="off"`): c(1..n) for the
+    largest tree the settings allow (root + drafts + lookup branch, MAX_MEASURED at most)."""
+    if settings.step_policy == "off":
         return None
-    if settings.verify_costs == "auto":
-        largest = 1 + settings.num_draft_nodes + settings.lookup_num_tokens  # root + drafts + lookup branch
-        return measure_verify_costs(target, min(largest, MAX_MEASURED), walk_head)
-    return VerifyCosts(settings.verify_costs)  # a tuple: resolve_draft_settings made it one
+    largest = 1 + settings.num_draft_nodes + settings.lookup_num_tokens
+    return measure_verify_costs(target, min(largest, MAX_MEASURED), walk_head)
 
 
 def _synchronize(device: torch.device) -> None:

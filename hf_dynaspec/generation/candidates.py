@@ -10,9 +10,10 @@
    hidden states). With `do_sample` the chain is sampled from the drafter's distribution, so transformers'
    speculative sampling stays lossless; greedy drafts are its argmax.
 2. **Tree drafting**, DynaSpec's own loop (`decoding.py`), everything passed in and returned:
-   `extend(hidden_states, next_tokens)` reads newly committed positions; `draft(input_ids, max_depth) ->
-   VerifyTree` drafts a tree rooted at the last committed token; `accept(tree, walk, hidden_states)` records
-   the step (statistics, acceptance estimates for `verify_costs`) and extends with the accepted path.
+   `extend(hidden_states, next_tokens)` reads newly committed positions; `catch_up()` reads the accepted
+   paths not read yet; `root_probs()` gives the root's draft probabilities (what the step policy plans with);
+   `draft(input_ids, max_depth, depth=) -> VerifyTree` drafts a tree rooted at the last committed token;
+   `accept(tree, walk, hidden_states)` records the step and keeps the accepted path for the next catch-up.
 
 The drafter's KV cache is kept across steps. Invariant between steps: the drafter cache holds one entry per
 committed position i < L, made from the pair (target hidden state h_i, token x_{i+1}); its last output is the
@@ -36,7 +37,6 @@ from ..generation_config import DraftSettings, resolve_draft_settings
 from ..head import CONTEXT_MODES, ContextColumns, HeadOutput
 from ..masks import additive_mask, causal_mask
 from . import graphs as step_graphs
-from .cost import AcceptanceTracker, VerifyCosts, trim_to_cost
 from .fixed_tree import Expand as FixedExpand
 from .fixed_tree import FixedPool, capacity, graft_fixed, grow_eagle2_fixed, read_tree
 from .lookup import find_continuation
@@ -73,20 +73,17 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         drafter: DynaSpecDrafter,
         settings: DraftSettings,
         stats: SpeculativeStats | None = None,
-        costs: VerifyCosts | None = None,
         do_sample: bool = False,
         max_length: int | None = None,
     ) -> None:
-        """drafter: bound to its target; costs: trim each tree to what its verification pays for (None: off);
-        do_sample / max_length: the chain interface's sampling and length limit."""
+        """drafter: bound to its target; do_sample / max_length: the chain interface's sampling and length
+        limit."""
         drafter.bound_head  # noqa: B018  (raises when the drafter is not bound)
         self.drafter = drafter
         self.settings = settings
         self.stats = stats if stats is not None else SpeculativeStats()
-        self.costs = costs
         self.do_sample = do_sample
         self.max_length = max_length
-        self.acceptance = AcceptanceTracker()
         # draft steps as captured graphs (`graphs`): they need a drafter cache of fixed size and address
         self.graphs = step_graphs.StepGraphs(step_graphs.backend_for(self.device)) \
             if settings.draft_graphs == "on" else None
@@ -109,7 +106,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
                                           target.device.type)
         drafter.bind(target)
         stats = SpeculativeStats(synchronize=settings.synchronize_timers)
-        return cls(drafter, settings, stats, None, bool(generation_config.do_sample), generation_config.max_length)
+        return cls(drafter, settings, stats, bool(generation_config.do_sample), generation_config.max_length)
 
     @property
     def num_drafting_tokens(self) -> int:
@@ -184,10 +181,12 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
     # ------------------------------------------------------------------ tree interface
     @torch.no_grad()
     def draft(
-        self, input_ids: torch.LongTensor, max_depth: int | None = None, committed: list[int] | None = None
+        self, input_ids: torch.LongTensor, max_depth: int | None = None, committed: list[int] | None = None,
+        depth: int | None = None,
     ) -> VerifyTree:
         """A draft tree rooted at input_ids[0, -1] (the committed sequence (1, L + 1), root last), no path
-        holding more than `max_depth` drafts (None: the settings' depths). `committed`: the same sequence on
+        holding more than `max_depth` drafts (None: the settings' depths) and no drafter node deeper than
+        `depth` (None: `draft_depth`; the lookup branch keeps its length). `committed`: the same sequence on
         the host, when the caller keeps it (else it is read from input_ids)."""
         self.catch_up()
         with self.stats.timer("draft", self.device):
@@ -196,13 +195,12 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             elif len(committed) != input_ids.shape[1]:
                 raise ValueError(f"committed holds {len(committed)} tokens, input_ids {input_ids.shape[1]}.")
             if self.settings.tree_growth == "device" and self.settings.tree_policy != "dyspec":
-                tree = self._draft_fixed(input_ids[0, -1], committed, max_depth)
+                tree = self._draft_fixed(input_ids[0, -1], committed, max_depth, depth)
             else:
                 pool = DraftTree(root_token=committed[-1])
                 root_children, expand = self.proposers(input_ids, pool)
-                tree = grow_tree(pool, root_children, expand, self.settings, max_depth, self._lookup(committed))
-            if self.costs is not None:
-                tree = trim_to_cost(tree, self.costs, self.acceptance)
+                tree = grow_tree(pool, root_children, expand, self.settings, max_depth, self.lookup(committed),
+                                 depth)
             crop_cache(self.cache, self.committed)
         return tree
 
@@ -211,15 +209,11 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
     ) -> None:
         """Record a verified step and keep the accepted path for the drafter: target_features (n, k * d), the
         target's at every tree node (None when generation has ended: nothing more to draft). `drafted=False`:
-        a plain step (the root alone, `root_tree`). The drafter reads the path when it next drafts
+        a step without drafter nodes (the root alone, or the lookup branch). The drafter reads the path when it next drafts
         (`catch_up`), so plain steps in a row cost it nothing and are read in one batched call."""
         if drafted:
             self.stats.add_recall(self.root.in_shortlist(walk.new_tokens[0]))
-        else:
-            self.stats.gated_steps += 1
         self.stats.add_step(len(walk.new_tokens), tree.num_nodes - 1, sum(tree.grafted_list[i] for i in walk.path))
-        if self.costs is not None and drafted:
-            self.acceptance.update(tree, walk.path)
         if target_features is not None:
             self.pending.append((target_features[walk.path], list(walk.new_tokens)))
 
@@ -236,10 +230,12 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             self.pending = []
             self.extend(features, torch.tensor(tokens, device=features.device), tokens)
 
-    @staticmethod
-    def root_tree(root_token: int) -> VerifyTree:
-        """The tree of a plain step: the root alone (the target picks the next token itself)."""
-        return compact(DraftTree(root_token=root_token), [0])
+    def root_probs(self) -> list[float] | None:
+        """The root's top-k draft probabilities q on the host (one read), or None while accepted paths wait to
+        be read (`catch_up`): the root proposal is then stale."""
+        if self.pending or self.root is None:
+            return None
+        return self.root.children[1][0].exp().tolist()
 
     def proposers(self, input_ids: torch.LongTensor, pool: DraftTree) -> tuple[Proposals, Expand]:
         """The root's children and the expand function of one tree (its drafting state lives in the closure)."""
@@ -269,14 +265,16 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
 
         return self.root.children, expand
 
-    def _draft_fixed(self, root: torch.Tensor, committed: list[int], max_depth: int | None) -> VerifyTree:
+    def _draft_fixed(self, root: torch.Tensor, committed: list[int], max_depth: int | None,
+                     depth_limit: int | None = None) -> VerifyTree:
         """An EAGLE-2 tree grown and grafted with the lookup branch in fixed-shape tensor ops (`fixed_tree`),
-        read on the host once."""
+        read on the host once; no drafter node deeper than `depth_limit` (None: no further limit)."""
         settings = self.settings
         depth, lookup_length = depth_limits(settings, max_depth)
+        depth = depth if depth_limit is None else min(depth, depth_limit)
         if depth < 1:
             return compact(DraftTree(root_token=committed[-1]), [0])
-        lookup = self._lookup(committed)[:lookup_length]  # host tokens: the graft reads nothing
+        lookup = self.lookup(committed)[:lookup_length]  # host tokens: the graft reads nothing
         pool, selected = grow_eagle2_fixed(root, self.root.children, self.fixed_expander(), settings.draft_top_k,
                                            depth, settings.num_draft_nodes, settings.min_draft_prob, len(lookup))
         grafted = graft_fixed(pool, selected, torch.tensor(lookup, dtype=torch.long, device=self.device))
@@ -367,7 +365,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             allowed[i, self.committed + known + i] = True
         return self._fit(additive_mask(allowed.to(self.device), self.drafter.dtype))
 
-    def _lookup(self, committed: list[int]) -> list[int]:
+    def lookup(self, committed: list[int]) -> list[int]:
         """The lookup branch for the committed sequence (L,), root last ([] when off or no n-gram recurs)."""
         settings = self.settings
         if settings.lookup_num_tokens == 0:

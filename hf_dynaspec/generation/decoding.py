@@ -28,11 +28,12 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 from ..generation_config import resolve_draft_settings
 from ..modeling import DynaSpecDrafter
 from ..target_states import hidden_state_request, select_hidden_states
-from .calibration import measure_walk_head, verify_costs_for
+from .calibration import measure_walk_head, step_costs
 from .candidates import DynaSpecCandidateGenerator
-from .gate import DraftGate
+from .policy import Plan, StepPolicy, lookup_tree
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
 from .syncs import HostSyncCounter
+from .tree import VerifyTree
 from .verify import (
     keep_accepted,
     verify_forward,
@@ -101,7 +102,9 @@ def speculative_decode(
     model_kwargs = model_kwargs or {}
     settings = resolve_draft_settings(generation_config, drafter.generation_config, drafter.config,
                                       target.device.type)
-    drafter.bind(target)
+    stats = SpeculativeStats(synchronize=settings.synchronize_timers)
+    with stats.timer("setup"):
+        drafter.bind(target)
     padding, input_ids = strip_left_padding(input_ids, model_kwargs.get("attention_mask"))
     check_generation_inputs(input_ids, generation_config)
     keep_scores = bool(
@@ -118,20 +121,21 @@ def speculative_decode(
         logits_processor=logits_processor,
         stopping_criteria=stopping_criteria,
         streamer=streamer,
-        stats=SpeculativeStats(synchronize=settings.synchronize_timers),
+        stats=stats,
         keep_scores=keep_scores,
     )
     with torch.no_grad():
         features, next_tokens = prefill(target, run, drafter.config.feature_layer_ids, settings.verify_head)
         if not run.finished:
-            costs = verify_costs_for(settings, target, run.walk_head)
-            generator = DynaSpecCandidateGenerator(drafter, settings, run.stats, costs,
+            with run.stats.timer("setup"):
+                costs = step_costs(settings, target, run.walk_head)
+            policy = None if costs is None else StepPolicy(costs, settings.draft_depth)
+            generator = DynaSpecCandidateGenerator(drafter, settings, run.stats,
                                                    max_length=generation_config.max_length)
             generator.extend(features, next_tokens, run.token_list[1:])
-            gate = DraftGate() if settings.draft_gate else None
             with counting_host_reads(target, run.stats, settings.count_host_reads):
                 while not run.finished:
-                    speculative_step(target, generator, run, gate)
+                    speculative_step(target, generator, run, policy)
     if streamer is not None:
         streamer.end()
     return build_output(run)
@@ -175,9 +179,10 @@ def prefill(target: torch.nn.Module, run: _Run, feature_layers: list[int], verif
         keep = hidden_state_request(target.config, feature_layers)  # only the layers read, not all of them
         out = target(input_ids=prompt, cache=run.cache, use_cache=True, output_hidden_states=keep, **last_only)
         raw = out.logits[:, -1].float()  # (1, V)
-        greedy_only = not run.generation_config.do_sample and not len(run.logits_processor) and not run.keep_scores
-        hidden = out.hidden_states[-1][0, -1:]  # (1, d)
-        run.walk_head = walk_head_for(target, verify_head, greedy_only, hidden, raw)
+    greedy_only = not run.generation_config.do_sample and not len(run.logits_processor) and not run.keep_scores
+    with run.stats.timer("setup"):  # measured once per target shape and machine (kept on disk), then memoised
+        run.walk_head = walk_head_for(target, verify_head, greedy_only, out.hidden_states[-1][0, -1:], raw)
+    with run.stats.timer("prefill", target.device):
         scores = run.logits_processor(run.full_ids(), raw.clone()) if len(run.logits_processor) else raw
         token = choose_token(scores[0], run.generation_config.do_sample)
         run.emit([token], [scores], [raw])
@@ -222,29 +227,54 @@ def walk_head_for(target: torch.nn.Module, wanted: str, greedy_only: bool, hidde
 
 
 def speculative_step(
-    target: torch.nn.Module, generator: DynaSpecCandidateGenerator, run: _Run, gate: DraftGate | None = None
+    target: torch.nn.Module, generator: DynaSpecCandidateGenerator, run: _Run, policy: StepPolicy | None = None
 ) -> None:
-    """Draft a tree (or, when `gate` says drafting does not pay, take the root alone), verify it in one target
-    forward, emit the accepted tokens and update both caches."""
-    start = time.perf_counter()
+    """Choose and build the step's tree (`choose_tree`), verify it in one target forward, emit the accepted
+    tokens, update both caches and tell the policy what happened."""
     past_length = run.input_ids.shape[1] - 1  # the root (last token) is not in the target cache yet
-    tokens_left = run.generation_config.max_length - run.full_ids().shape[1]
-    drafted = gate is None or gate.draft_next()
-    if drafted:
-        tree = generator.draft(run.input_ids, max_depth=tokens_left - 1, committed=run.token_list)  # + bonus token
-    else:
-        tree = generator.root_tree(run.token_list[-1])
+    room = run.generation_config.max_length - run.full_ids().shape[1] - 1  # drafts a path may hold (+ bonus)
+    plan, tree, predicted, seconds = choose_tree(generator, run, policy, room)
+    start = time.perf_counter()
     with run.stats.timer("verify", target.device):
         logits, features = verify_forward(target, run.cache, tree, past_length, run.walk_head,
                                           generator.feature_layers)
         walk = walk_tree(
             tree, logits, run.full_ids(), run.logits_processor, run.generation_config.do_sample, run.keep_scores
         )
-    emitted = run.emit(walk.new_tokens, walk.scores, walk.logits)
+    seconds["verify"] = time.perf_counter() - start
+    run.emit(walk.new_tokens, walk.scores, walk.logits)
     keep_accepted(run.cache, past_length, walk.path)
-    generator.accept(tree, walk, None if run.finished else features, drafted)
-    if gate is not None:
-        gate.record(drafted, time.perf_counter() - start, emitted)
+    generator.accept(tree, walk, None if run.finished else features, plan.kind == "draft")
+    run.stats.add_prediction(plan.kind, predicted, len(walk.new_tokens), tree.num_nodes - 1)
+    if policy is not None:
+        policy.record(plan, tree, walk.path, seconds)
+
+
+def choose_tree(generator: DynaSpecCandidateGenerator, run: _Run, policy: StepPolicy | None, room: int
+                ) -> tuple[Plan, VerifyTree, float | None, dict[str, float]]:
+    """The step's plan and tree, its expected accepted length (None without a policy) and the drafter's seconds
+    ("catch_up", "draft"). Without a policy: the whole configured tree. With one: `policy.plan` first with what
+    is known for free (the root's proposals are stale until the drafter catches up on the last accepted path);
+    a drafted plan pays the catch-up, then is planned again with the fresh proposals (a probe is kept)."""
+    if policy is None:
+        return Plan("draft"), generator.draft(run.input_ids, max_depth=room, committed=run.token_list), None, {}
+    lookup = generator.lookup(run.token_list)[: max(0, room)]
+    plan = policy.plan(generator.root_probs(), lookup, room)
+    seconds: dict[str, float] = {}
+    if plan.kind == "draft" and generator.pending:
+        start = time.perf_counter()
+        generator.catch_up()
+        seconds["catch_up"] = time.perf_counter() - start
+        if not plan.probe:
+            plan = policy.plan(generator.root_probs(), lookup, room)
+    if plan.kind == "draft":
+        start = time.perf_counter()
+        tree = generator.draft(run.input_ids, max_depth=room, committed=run.token_list, depth=plan.depth)
+        seconds["draft"] = time.perf_counter() - start
+        tree, predicted = policy.trim(tree)
+        return plan, tree, predicted, seconds
+    tree = lookup_tree(run.token_list[-1], plan.lookup)  # the root alone when plan.lookup is empty
+    return plan, tree, policy.expected(tree), seconds
 
 
 def choose_token(scores: torch.Tensor, do_sample: bool) -> int:

@@ -28,7 +28,7 @@ from importlib import metadata
 import transformers
 from transformers.generation.utils import GenerationMixin, GenerationMode
 
-from ..generation_config import SPEC_FIELDS, speculative_fields_of
+from ..generation_config import REMOVED_FIELDS, SPEC_FIELDS, speculative_fields_of
 from ..modeling import DynaSpecDrafter
 from .decoding import speculative_decode
 
@@ -124,7 +124,7 @@ def _wrap_prepare_generation_config(original):
         """DynaSpec keyword arguments of generate() (tree_policy=..., ...) become attributes of the call's
         config (a copy) instead of unknown model kwargs, so they are honoured, or refused without a drafter."""
         config, model_kwargs = original(self, generation_config, *args, **kwargs)
-        for name in SPEC_FIELDS:
+        for name in (*SPEC_FIELDS, *REMOVED_FIELDS):  # a removed one is refused by name, not as a model kwarg
             if name in model_kwargs:
                 setattr(config, name, model_kwargs.pop(name))
         return config, model_kwargs

@@ -21,8 +21,11 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 # Timed sections. "draft": growing the tree (drafter layer, router, head, bookkeeping); "extend": the drafter
 # over newly accepted tokens (and the head at the new root); "router" and "head": their parts of both;
-# "verify": the target's forward over the tree and the walk; "prefill": the target over the prompt.
-SECTIONS = ("prefill", "draft", "router", "head", "extend", "verify")
+# "verify": the target's forward over the tree and the walk; "prefill": the target over the prompt; "setup": the
+# call's one-time work before its first drafted step (binding the drafter, the LM head's layout and the verification
+# costs, measured or read from disk: `calibration`).
+SECTIONS = ("setup", "prefill", "draft", "router", "head", "extend", "verify")
+LEGACY_FIELDS = {"gated_steps": "plain_steps"}  # records written before the step policy
 NOT_SUMMED = ("seconds", "synchronize", "_pending_shortlist", "_pending_recall")
 
 
@@ -32,8 +35,10 @@ class SpeculativeStats:
     token each); tree_nodes: draft nodes verified (root excluded); shortlist_total / shortlist_positions:
     shortlist sizes summed over drafted positions / those positions; recall_hits / recall_checks: steps whose
     first token (the target's own choice after the root) lay in the root's shortlist / steps checked;
-    lookup_tokens: accepted drafts that came from the lookup branch; gated_steps: steps decoded plainly because
-    drafting did not pay (`draft_gate`); host_reads / target_host_reads: reads of device values on the host
+    lookup_tokens: accepted drafts that came from the lookup branch; plain_steps / lookup_steps: steps the step
+    policy verified without a drafted tree (the root alone / the lookup branch alone: `policy.py`);
+    predicted_steps: steps that verified at least one draft node, with the policy's expected accepted length of
+    each summed in predicted_tokens and the realised one in realized_tokens; host_reads / target_host_reads: reads of device values on the host
     (each a GPU synchronisation) in the decoding steps, outside / inside the target's own forward, counted
     with `count_host_reads=True` (`syncs.HostSyncCounter`; 0 when not counted); seconds: wall time per
     section."""
@@ -46,7 +51,11 @@ class SpeculativeStats:
     recall_hits: int = 0
     recall_checks: int = 0
     lookup_tokens: int = 0
-    gated_steps: int = 0
+    plain_steps: int = 0
+    lookup_steps: int = 0
+    predicted_steps: int = 0
+    predicted_tokens: float = 0.0
+    realized_tokens: int = 0
     host_reads: int = 0
     target_host_reads: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
@@ -130,6 +139,7 @@ class SpeculativeStats:
 
     @classmethod
     def from_dict(cls, data: dict) -> SpeculativeStats:
+        data = {LEGACY_FIELDS.get(name, name): value for name, value in data.items()}
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"Unknown SpeculativeStats fields {sorted(unknown)}.")
@@ -161,6 +171,26 @@ class SpeculativeStats:
         return self.lookup_tokens / max(1, self.accepted_tokens)
 
     @property
+    def predicted_accepted_length(self) -> float:
+        """The step policy's mean expected accepted length over the steps that verified a draft."""
+        return self.predicted_tokens / max(1, self.predicted_steps)
+
+    @property
+    def realized_accepted_length(self) -> float:
+        """The mean accepted length of the same steps (`predicted_accepted_length`'s counterpart)."""
+        return self.realized_tokens / max(1, self.predicted_steps)
+
+    def add_prediction(self, kind: str, predicted: float | None, realized: int, draft_nodes: int) -> None:
+        """One step of the policy: its kind ("plain", "lookup" or "draft") and, where it verified draft nodes,
+        its expected (None: no policy) and realised accepted length."""
+        self.plain_steps += kind == "plain"
+        self.lookup_steps += kind == "lookup"
+        if predicted is not None and draft_nodes > 0:
+            self.predicted_steps += 1
+            self.predicted_tokens += predicted
+            self.realized_tokens += realized
+
+    @property
     def host_reads_per_step(self) -> float:
         """Host reads per decoding step outside the target's forward (when counted)."""
         return self.host_reads / max(1, self.steps)
@@ -172,7 +202,10 @@ class SpeculativeStats:
             "mean_shortlist_size": self.mean_shortlist_size,
             "shortlist_recall": self.shortlist_recall,
             "lookup_tokens": self.lookup_tokens,
-            "gated_steps": self.gated_steps,
+            "plain_steps": self.plain_steps,
+            "lookup_steps": self.lookup_steps,
+            "predicted_accepted_length": self.predicted_accepted_length,
+            "realized_accepted_length": self.realized_accepted_length,
             "mean_tree_size": self.mean_tree_size,
             "host_reads_per_step": self.host_reads_per_step,
             "target_host_reads_per_step": self.target_host_reads / max(1, self.steps),

@@ -129,11 +129,14 @@ def grow_tree(
     settings: DraftSettings,
     max_depth: int | None = None,
     lookup: Sequence[int] = (),
+    depth_limit: int | None = None,
 ) -> VerifyTree:
     """Grow `tree` (whose root is node 0, with proposed children `root_children` (1, k) each) with the configured
     policy, graft the `lookup` chain (tokens proposed after the root by `lookup.find_continuation`) and return
-    the compact tree; both within `depth_limits(settings, max_depth)`."""
+    the compact tree; both within `depth_limits(settings, max_depth)`, and no drafter node deeper than
+    `depth_limit` (None: no further limit; the step policy's choice)."""
     depth, lookup_length = depth_limits(settings, max_depth)
+    depth = depth if depth_limit is None else min(depth, depth_limit)
     if depth < 1:
         selected = [0]
     elif settings.tree_policy == "dyspec":

@@ -1,0 +1,77 @@
+"""What calibration measured, kept on disk so that the next process skips it (as the Hub cache keeps files).
+
+A measurement (the LM head's layout timings, the verification costs c(n)) depends on the target's shapes, its
+dtype and device, the machine (CPU model, cores, torch version, threads) and the measurement's own settings, not
+on the weights' values. Each is stored as one JSON file named by a hash of all of these, under
+`$HF_DYNASPEC_CACHE/measurements` (default ~/.cache/hf-dynaspec/measurements); `HF_DYNASPEC_MEASURE=fresh`
+measures anew (and overwrites), `HF_DYNASPEC_MEASURE=memory` keeps measurements in the process only. A file
+that cannot be read or does not hold what was asked is measured again.
+
+    python -c "from hf_dynaspec.generation.measured import measurements_dir; print(measurements_dir())"
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..machine import machine_description
+from ..targets import cache_dir
+
+ENV = "HF_DYNASPEC_MEASURE"
+MODES = ("disk", "fresh", "memory")
+IGNORED_CONFIG_KEYS = ("_name_or_path", "transformers_version", "_commit_hash", "name_or_path")
+
+
+def measurements_dir() -> Path:
+    return cache_dir() / "measurements"
+
+
+def mode() -> str:
+    value = os.environ.get(ENV, "disk")
+    if value not in MODES:
+        raise ValueError(f"{ENV}={value!r}: use one of {MODES}.")
+    return value
+
+
+def measurement_key(target: torch.nn.Module, kind: str, settings: dict[str, Any]) -> str:
+    """A hash of what decides a measurement: the target's config (its shapes; not its name or path), dtype and
+    device, this machine, and the measurement's `kind` and `settings`."""
+    config = {k: v for k, v in target.config.to_dict().items() if k not in IGNORED_CONFIG_KEYS}
+    device = target.device
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    identity = dict(kind=kind, settings=settings, config=config, dtype=str(target.dtype), device=device_name,
+                    machine=machine_description(), architecture=type(target).__name__)
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def load(key: str) -> Any | None:
+    """The stored value of `key` (None: not stored, unreadable, or the mode is not "disk")."""
+    if mode() != "disk":
+        return None
+    path = measurements_dir() / f"{key}.json"
+    try:
+        return json.loads(path.read_text())["value"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save(key: str, value: Any, note: str) -> None:
+    """Store `value` (JSON) for `key`, with a human-readable `note` of what it is (not in "memory" mode). Written
+    to a temporary file and renamed, so a reader never sees half a file; a cache that cannot be written is
+    skipped (the process keeps its own copy)."""
+    if mode() == "memory":
+        return
+    folder = measurements_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{key}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"note": note, "machine": machine_description(), "value": value}, indent=1))
+        tmp.replace(folder / f"{key}.json")
+    except OSError:
+        pass

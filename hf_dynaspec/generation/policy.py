@@ -1,0 +1,285 @@
+"""The step policy: before each decoding step, the tree worth verifying, down to no draft at all
+(`step_policy="auto"`, the default; "off" drafts and verifies the whole configured tree every step).
+
+Units: one plain decoding step (a target forward over one token) costs 1. A step that verifies the root and
+draft nodes S costs c(|S| + 1) (`VerifyCosts`, the target's forward over that many tokens, measured once per
+target by `calibration`) plus the drafter's work w, and emits on average
+
+    E(S) = 1 + sum_{i in S} a_i         a_i = a_parent(i) * p_i,  a_root = 1
+
+tokens (the 1: the target's own token after the last accepted one). p_i estimates the chance that the target
+picks node i's token once the walk reaches its parent: min(1, kappa_d * q_i) for a drafter node at depth d (q_i
+its draft probability given the parent, kappa_d the drafter's calibration at that depth on this sequence so
+far) and rho_d for a lookup node (the lookup branch's acceptance rate at depth d so far). The policy maximises
+expected tokens per unit of cost, E / (c + w), over three kinds of step:
+
+- plain: the root alone, rate 1 / c(1) = 1; the drafter reads the accepted tokens when it next drafts;
+- lookup: the root and the best prefix of the lookup branch (prompt lookup), no drafter work;
+- drafted: a tree of depth D (1..draft_depth), w = catch-up (the drafter reading the tokens accepted since it
+  last drafted, one call) + (D - 1) expansions, each measured online in seconds and divided by a plain step's
+  seconds (a verification's seconds / c(n), also online). Before drafting, E for depth D is predicted from the
+  root's proposals (A_1 = sum of the root children's p_i, known once the drafter has caught up; else its recent
+  mean) scaled by what trees of this sequence kept per depth so far (`DepthProfile`).
+
+After drafting, `trim` keeps the best-ranked m* nodes (the drafter's work is spent: only c counts),
+
+    m* = argmax_m  (1 + a_(1) + ... + a_(m)) / c(m + 1)      a_(1) >= a_(2) >= ...  (a parent ranks first)
+
+and `record` updates kappa / rho from the nodes the walk tested, the costs from the step's seconds, and the
+predicted (E of the verified tree) against the realised accepted length (`speculative_stats`). A drafted step is
+also forced every `probe_every` undrafted steps, so estimates frozen by plain steps are refreshed. Verification
+never trusts a draft: output is exact whatever the policy decides.
+
+    python -m pytest tests/test_policy.py -q
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .tree import DraftTree, VerifyTree, close_under_ancestors, compact, graft_chain, subtree
+
+PROBE_EVERY = 8  # undrafted steps in a row before a drafted step refreshes the estimates
+DECAY = 0.8  # weight of the old value in the running means of costs and per-depth profiles
+
+
+def are_positive_costs(values: object) -> bool:
+    """A non-empty list / tuple of positive finite numbers (booleans refused): a valid cost table c(1), c(2), ..."""
+    return isinstance(values, (list, tuple)) and len(values) > 0 and all(
+        isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c > 0 for c in values
+    )
+
+
+@dataclass(frozen=True)
+class VerifyCosts:
+    """c(n): the cost of a target forward over n tokens in decoding steps (c(1) = 1 after normalising).
+    Beyond the measured sizes c grows by its last step (never shrinks)."""
+
+    costs: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not are_positive_costs(self.costs):
+            raise ValueError(f"verify costs must be positive finite numbers c(1), c(2), ..., got {self.costs!r}.")
+
+    def __call__(self, n: int) -> float:
+        known = len(self.costs)
+        if n <= known:
+            return float(self.costs[n - 1])
+        slope = max(0.0, self.costs[-1] - self.costs[-2]) if known > 1 else 0.0
+        return float(self.costs[-1] + (n - known) * slope)
+
+
+@dataclass
+class Calibration:
+    """Per depth d (1-based): drafter nodes tested (sum of q) and accepted -> kappa_d; lookup nodes tested and
+    accepted -> rho_d. Priors: kappa = 1 (trust q) worth one observation, rho = 1/2 worth two."""
+
+    drafted_expected: dict[int, float] = field(default_factory=dict)
+    drafted_accepted: dict[int, float] = field(default_factory=dict)
+    lookup_tested: dict[int, float] = field(default_factory=dict)
+    lookup_accepted: dict[int, float] = field(default_factory=dict)
+
+    def kappa(self, depth: int) -> float:
+        return (1.0 + self.drafted_accepted.get(depth, 0.0)) / (1.0 + self.drafted_expected.get(depth, 0.0))
+
+    def rho(self, depth: int) -> float:
+        return (1.0 + self.lookup_accepted.get(depth, 0.0)) / (2.0 + self.lookup_tested.get(depth, 0.0))
+
+    def update(self, tree: VerifyTree, path: Sequence[int]) -> None:
+        """Count the nodes whose parent is on the accepted `path`: each was tested by the target."""
+        on_path = set(path)
+        q = conditional_draft_probs(tree)
+        for node in range(1, tree.num_nodes):
+            if tree.parent_list[node] not in on_path:
+                continue
+            depth, accepted = tree.depth_list[node], float(node in on_path)
+            tested, hits = ((self.lookup_tested, self.lookup_accepted) if tree.grafted_list[node]
+                            else (self.drafted_expected, self.drafted_accepted))
+            tested[depth] = tested.get(depth, 0.0) + (1.0 if tree.grafted_list[node] else q[node])
+            hits[depth] = hits.get(depth, 0.0) + accepted
+
+
+def conditional_draft_probs(tree: VerifyTree) -> list[float]:
+    """q_i = q(path to i) / q(path to parent) for every node (n,) (1 at the root and at lookup nodes)."""
+    log_q, parents = tree.log_q_list, tree.parent_list
+    return [math.exp(log_q[i] - log_q[max(parents[i], 0)]) for i in range(len(log_q))]
+
+
+def acceptance_estimates(tree: VerifyTree, calibration: Calibration) -> list[float]:
+    """a_i = a_parent * p_i for every node (n,), a_0 = 1 (module docstring)."""
+    q = conditional_draft_probs(tree)
+    a = [1.0] * tree.num_nodes
+    for node in range(1, tree.num_nodes):  # parents precede children
+        depth = tree.depth_list[node]
+        p = calibration.rho(depth) if tree.grafted_list[node] else min(1.0, calibration.kappa(depth) * q[node])
+        a[node] = a[tree.parent_list[node]] * p
+    return a
+
+
+def best_prefix(gains: Sequence[float], costs: VerifyCosts) -> tuple[int, float]:
+    """(m*, rate): the number of ranked gains a_(1..m) to keep and its expected tokens per unit of cost."""
+    best_m, best_rate, expected = 0, 1.0 / costs(1), 1.0
+    for m, gain in enumerate(gains, start=1):
+        expected += gain
+        rate = expected / costs(m + 1)
+        if rate > best_rate:
+            best_m, best_rate = m, rate
+    return best_m, best_rate
+
+
+def trim(tree: VerifyTree, costs: VerifyCosts, calibration: Calibration) -> tuple[VerifyTree, float]:
+    """The subtree of the best-ranked m* nodes, and its expected accepted length E (module docstring)."""
+    a = acceptance_estimates(tree, calibration)
+    ranked = sorted(range(1, tree.num_nodes), key=lambda i: (-a[i], tree.depth_list[i], i))  # a parent first
+    m, _ = best_prefix([a[i] for i in ranked], costs)
+    keep = close_under_ancestors(tree.parent_list, ranked[:m])
+    return subtree(tree, [0, *keep]), 1.0 + sum(a[i] for i in keep)
+
+
+def lookup_tree(root_token: int, lookup: Sequence[int]) -> VerifyTree:
+    """The root and the lookup branch as one chain (no drafter node)."""
+    pool = DraftTree(root_token=root_token)
+    return compact(pool, graft_chain(pool, [0], list(lookup)))
+
+
+@dataclass
+class Running:
+    """An exponential running mean (None until the first value)."""
+
+    value: float | None = None
+
+    def add(self, x: float, decay: float = DECAY) -> None:
+        self.value = x if self.value is None else decay * self.value + (1.0 - decay) * x
+
+
+@dataclass
+class DepthProfile:
+    """What drafted trees of this sequence kept per depth d (running means): the expected accepted drafter
+    tokens at d per unit of A_1 (the root children's mass), and the drafter nodes kept at d."""
+
+    mass: dict[int, Running] = field(default_factory=dict)
+    nodes: dict[int, Running] = field(default_factory=dict)
+    root_mass: Running = field(default_factory=Running)  # A_1 of recent drafted steps
+
+    def add(self, tree: VerifyTree, a: Sequence[float], root_mass: float, depth: int) -> None:
+        """A verified tree drafted `depth` deep, its estimates a (n,) and the A_1 it was drafted from."""
+        per_mass = {d: 0.0 for d in range(1, depth + 1)}
+        per_nodes = dict(per_mass)
+        for node in range(1, tree.num_nodes):
+            d = tree.depth_list[node]
+            if not tree.grafted_list[node] and d in per_mass:
+                per_mass[d] += a[node] / max(root_mass, 1e-6)
+                per_nodes[d] += 1.0
+        for d in per_mass:
+            self.mass.setdefault(d, Running()).add(per_mass[d])
+            self.nodes.setdefault(d, Running()).add(per_nodes[d])
+        self.root_mass.add(root_mass)
+
+    def predict(self, depth: int, root_mass: float) -> tuple[float, float]:
+        """(expected accepted drafter tokens, drafter nodes) of a tree `depth` deep from this A_1."""
+        mass = sum(self.mass[d].value for d in range(1, depth + 1) if d in self.mass)
+        nodes = sum(self.nodes[d].value for d in range(1, depth + 1) if d in self.nodes)
+        return root_mass * mass, nodes
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One step's choice: kind "plain", "lookup" or "draft"; the draft depth; the lookup tokens to graft
+    (lookup steps) and A_1, the root children's mass it was planned with (drafted steps)."""
+
+    kind: str
+    depth: int = 0
+    lookup: tuple[int, ...] = ()
+    root_mass: float = 0.0
+    probe: bool = False  # a forced drafted step at full depth (refreshes the estimates; not re-planned)
+
+
+@dataclass
+class StepPolicy:
+    """The policy of one generate() call (module docstring): `plan` before a step, `trim` a drafted tree,
+    `record` the verified step. Costs are in plain steps; seconds come from the caller."""
+
+    costs: VerifyCosts
+    max_depth: int  # the drafter's configured depth
+    probe_every: int = PROBE_EVERY
+    calibration: Calibration = field(default_factory=Calibration)
+    profile: DepthProfile = field(default_factory=DepthProfile)
+    plain_seconds: Running = field(default_factory=Running)  # seconds of c = 1 (a verification / c(n))
+    catch_up_seconds: Running = field(default_factory=Running)
+    level_seconds: Running = field(default_factory=Running)  # one drafter expansion
+    undrafted: int = 0  # steps since the last drafted one
+    shallow: int = 0  # drafted steps since the last one at full depth
+
+    def plan(self, root_probs: Sequence[float] | None, lookup: Sequence[int], room: int) -> Plan:
+        """The best step given the root's draft probabilities (None: the drafter has not read the latest
+        tokens yet, and drafting pays for that catch-up), the lookup branch and `room` (drafts a path may
+        still hold). A drafted step planned without the root's probabilities is planned again after the
+        catch-up (`decoding.speculative_step`), unless it is a probe."""
+        if room < 1:
+            return Plan("plain")
+        if (self.level_seconds.value is None or self.undrafted >= self.probe_every
+                or self.shallow >= 2 * self.probe_every):
+            return Plan("draft", min(self.max_depth, room), root_mass=self._root_mass(root_probs), probe=True)
+        lookup_gains = self._lookup_gains(lookup[:room])
+        n_lookup, lookup_rate = best_prefix(lookup_gains, self.costs)
+        best = Plan("lookup", lookup=tuple(lookup[:n_lookup])) if n_lookup else Plan("plain")
+        best_rate = lookup_rate
+        root_mass = self._root_mass(root_probs)
+        work = self._seconds(self.catch_up_seconds) if root_probs is None else 0.0
+        for depth in range(1, min(self.max_depth, room) + 1):
+            gain, nodes = self.profile.predict(depth, root_mass)
+            lookup_share = sum(lookup_gains) * (1.0 - min(1.0, root_mass))  # where the root's drafts miss
+            rate = (1.0 + gain + lookup_share) / (self.costs(1 + round(nodes) + len(lookup_gains)) + work)
+            if rate > best_rate:
+                best, best_rate = Plan("draft", depth, root_mass=root_mass), rate
+            work += self._seconds(self.level_seconds)
+        return best
+
+    def trim(self, tree: VerifyTree) -> tuple[VerifyTree, float]:
+        """The drafted tree cut to what its verification pays for, and its expected accepted length."""
+        return trim(tree, self.costs, self.calibration)
+
+    def expected(self, tree: VerifyTree) -> float:
+        """E of a tree verified whole (lookup and plain steps)."""
+        return sum(acceptance_estimates(tree, self.calibration))
+
+    def record(self, plan: Plan, tree: VerifyTree, path: Sequence[int], seconds: dict[str, float]) -> None:
+        """After verification: `seconds` of "verify" and, on drafted steps, "catch_up" and "draft" (its levels)."""
+        self.plain_seconds.add(seconds["verify"] / self.costs(tree.num_nodes))
+        if plan.kind == "draft":
+            self.profile.add(tree, acceptance_estimates(tree, self.calibration), plan.root_mass, plan.depth)
+            if "catch_up" in seconds:
+                self.catch_up_seconds.add(seconds["catch_up"])
+            if plan.depth > 1:
+                self.level_seconds.add(seconds.get("draft", 0.0) / (plan.depth - 1))
+            elif self.level_seconds.value is None:
+                self.level_seconds.add(0.0)
+            self.undrafted = 0
+            self.shallow = 0 if plan.depth >= self.max_depth else self.shallow + 1
+        else:
+            self.undrafted += 1
+        self.calibration.update(tree, path)
+
+    def _root_mass(self, root_probs: Sequence[float] | None) -> float:
+        """A_1: sum of min(1, kappa_1 q) over the root's children (capped at 1), or its recent mean when the
+        drafter has not read the latest tokens."""
+        if root_probs is None:
+            recent = self.profile.root_mass.value
+            return 1.0 if recent is None else recent
+        return min(1.0, sum(min(1.0, self.calibration.kappa(1) * q) for q in root_probs))
+
+    def _lookup_gains(self, lookup: Sequence[int]) -> list[float]:
+        """a of each lookup token along its chain (rho_1, rho_1 rho_2, ...)."""
+        gains, a = [], 1.0
+        for depth in range(1, len(lookup) + 1):
+            a *= self.calibration.rho(depth)
+            gains.append(a)
+        return gains
+
+    def _seconds(self, running: Running) -> float:
+        """Seconds as plain steps (0 before either is measured)."""
+        if running.value is None or not self.plain_seconds.value:
+            return 0.0
+        return running.value / self.plain_seconds.value

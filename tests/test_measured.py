@@ -1,0 +1,74 @@
+"""Calibration's measurements kept on disk (`hf_dynaspec.generation.measured`): the next process reads them
+instead of timing again; a different target shape, machine or setting measures anew; broken files are
+measured over."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import tiny_target
+
+from hf_dynaspec.generation import calibration, measured
+
+
+@pytest.fixture
+def disk_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DYNASPEC_CACHE", str(tmp_path))
+    monkeypatch.setenv(measured.ENV, "disk")
+    return tmp_path / "measurements"
+
+
+def fresh_process(monkeypatch):
+    """Forget what this process memoised, as a new process would."""
+    monkeypatch.setattr(calibration, "_MEASURED", type(calibration._MEASURED)())
+    monkeypatch.setattr(calibration, "_WALK_HEADS", type(calibration._WALK_HEADS)())
+
+
+def refuse_timing(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("timed again although the measurement was on disk")
+
+    monkeypatch.setattr(calibration, "_time_verify_costs", fail)
+    monkeypatch.setattr(calibration, "_median_seconds", fail)
+
+
+def test_verify_costs_and_walk_head_timings_are_read_back_by_the_next_process(disk_cache, monkeypatch):
+    target = tiny_target()
+    costs = calibration.measure_verify_costs(target, max_tokens=6)
+    head = calibration.measure_walk_head(target, max_rows=3, repeats=1)
+    assert len(list(disk_cache.glob("*.json"))) == 3  # costs, the walk head's timings (twice: default + 3 rows)
+    fresh_process(monkeypatch)
+    refuse_timing(monkeypatch)
+    again = tiny_target()  # same shapes, other weights: the timings hold
+    assert calibration.measure_verify_costs(again, max_tokens=6) == costs
+    assert calibration.measure_walk_head(again, max_rows=3, repeats=1).seconds == head.seconds
+
+
+def test_another_shape_or_setting_measures_anew_and_broken_files_are_replaced(disk_cache, monkeypatch):
+    calibration.measure_verify_costs(tiny_target(), max_tokens=5)
+    fresh_process(monkeypatch)
+    files = sorted(disk_cache.glob("*.json"))
+    calibration.measure_verify_costs(tiny_target(vocab_size=96), max_tokens=5)  # another shape: costs + head
+    calibration.measure_verify_costs(tiny_target(), max_tokens=4)  # another setting: costs
+    assert len(sorted(disk_cache.glob("*.json"))) == len(files) + 3
+    for path in disk_cache.glob("*.json"):
+        path.write_text("{not json")
+    fresh_process(monkeypatch)
+    costs = calibration.measure_verify_costs(tiny_target(), max_tokens=5)
+    assert len(costs.costs) == 5 and costs(1) == 1.0
+
+
+def test_memory_mode_writes_nothing_and_bad_modes_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DYNASPEC_CACHE", str(tmp_path))
+    monkeypatch.setenv(measured.ENV, "memory")
+    calibration.measure_verify_costs(tiny_target(), max_tokens=3)
+    assert not (tmp_path / "measurements").exists()
+    monkeypatch.setenv(measured.ENV, "sometimes")
+    with pytest.raises(ValueError, match="HF_DYNASPEC_MEASURE='sometimes'"):
+        measured.mode()
+
+
+def test_timed_sizes_cover_both_ends():
+    assert calibration.timed_sizes(1) == [1]
+    assert calibration.timed_sizes(6) == [1, 2, 3, 4, 5, 6]
+    sizes = calibration.timed_sizes(21)
+    assert sizes[0] == 1 and sizes[-1] == 21 and sizes == sorted(set(sizes)) and len(sizes) < 21

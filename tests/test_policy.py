@@ -1,0 +1,176 @@
+"""The step policy (`hf_dynaspec.generation.policy`): the cost model, per-depth calibration, trimming, the
+choice between plain, lookup and drafted steps, its reports, and greedy exactness whatever it chooses."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import prompt
+
+from hf_dynaspec import DynaSpecGenerationConfig
+from hf_dynaspec.generation import decoding
+from hf_dynaspec.generation.calibration import measure_verify_costs
+from hf_dynaspec.generation.policy import (
+    Calibration,
+    Plan,
+    StepPolicy,
+    VerifyCosts,
+    acceptance_estimates,
+    lookup_tree,
+    trim,
+)
+from hf_dynaspec.generation.tree import DraftTree, compact, graft_chain
+
+
+def small_tree():
+    """root -> a (q 0.6) -> c (q 0.4 given a); root -> b (q 0.3); lookup chain root -> b -> d.
+
+    Verification order (by depth, then q(path)): [root, a, b, d, c]."""
+    pool = DraftTree(root_token=0)
+    a = pool.add(10, 0, math.log(0.6))
+    b = pool.add(11, 0, math.log(0.3))
+    c = pool.add(12, a, pool.log_q[a] + math.log(0.4))
+    selected = graft_chain(pool, [0, a, b, c], [11, 13])  # shares b, grafts d under it
+    return compact(pool, selected)
+
+
+def test_verify_costs_extrapolate_by_the_last_step_and_refuse_nonsense():
+    costs = VerifyCosts((1.0, 1.1, 1.4))
+    assert [costs(n) for n in (1, 2, 3, 4, 6)] == pytest.approx([1.0, 1.1, 1.4, 1.7, 2.3])
+    assert VerifyCosts((1.0,))(9) == 1.0
+    for bad in ((1.0, -2.0), (True, 1.5), ()):
+        with pytest.raises(ValueError, match="positive"):
+            VerifyCosts(bad)
+
+
+def test_acceptance_estimates_multiply_along_paths_with_per_depth_calibration():
+    tree = small_tree()
+    assert tree.tokens.tolist() == [0, 10, 11, 13, 12]
+    assert tree.grafted.tolist() == [False, False, False, True, False]
+    a = acceptance_estimates(tree, Calibration())  # kappa = 1, rho = 1/2 at every depth
+    assert a == pytest.approx([1.0, 0.6, 0.3, 0.15, 0.24])
+    # depth 1: kappa = (1 + 3) / (1 + 1) = 2 caps 2 x 0.6 at 1; depth 2: kappa = 1 / 2, rho = (1 + 0) / (2 + 2)
+    calibration = Calibration(drafted_expected={1: 1.0, 2: 1.0}, drafted_accepted={1: 3.0},
+                              lookup_tested={2: 2.0})
+    assert acceptance_estimates(tree, calibration) == pytest.approx([1.0, 1.0, 0.6, 0.15, 0.2])
+
+
+def test_calibration_counts_the_children_of_the_accepted_path_per_depth():
+    calibration = Calibration()
+    calibration.update(small_tree(), [0, 2])  # b accepted; tested: a, b (depth 1) and d (b's child, lookup)
+    assert calibration.drafted_expected == pytest.approx({1: 0.9})
+    assert calibration.drafted_accepted == {1: 1.0}
+    assert (calibration.lookup_tested, calibration.lookup_accepted) == ({2: 1.0}, {2: 0.0})
+    assert calibration.kappa(1) == pytest.approx(2.0 / 1.9) and calibration.kappa(2) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("costs", "kept", "expected"),
+    [
+        ((1.0, 1.0, 1.0, 1.0, 1.0), [0, 10, 11, 13, 12], 1 + 0.6 + 0.3 + 0.15 + 0.24),  # flat (GPU): all
+        ((1.0, 1.05, 2.0, 2.0, 2.0), [0, 10], 1.6),  # only one draft is nearly free: (1 + 0.6) / 1.05 wins
+        ((1.0, 3.0), [0], 1.0),  # every draft costs more than it can return: root only
+    ],
+)
+def test_trim_keeps_the_best_rate_and_predicts_its_accepted_length(costs, kept, expected):
+    trimmed, predicted = trim(small_tree(), VerifyCosts(costs), Calibration())
+    assert trimmed.tokens.tolist() == kept
+    assert predicted == pytest.approx(expected)
+
+
+def drafted_once(policy: StepPolicy, depth: int = 3) -> None:
+    """Record one drafted step (a chain of `depth` drafts, the first accepted) so the policy has costs."""
+    pool = DraftTree(root_token=0)
+    node = 0
+    for d in range(depth):
+        node = pool.add(20 + d, node, pool.log_q[node] + math.log(0.5))
+    tree = compact(pool, list(range(depth + 1)))
+    plan = Plan("draft", depth, root_mass=0.5, probe=True)
+    policy.record(plan, tree, [0, 1], {"verify": 0.01, "catch_up": 0.001, "draft": 0.001 * (depth - 1)})
+
+
+def test_the_first_step_probes_at_full_depth_then_costs_decide():
+    policy = StepPolicy(VerifyCosts((1.0, 1.05, 1.1, 1.15)), max_depth=3)
+    first = policy.plan(None, [], room=10)
+    assert (first.kind, first.depth, first.probe) == ("draft", 3, True)
+    drafted_once(policy)
+    assert policy.plan([0.9, 0.05], [], room=10).kind == "draft"  # a confident root pays for cheap drafts
+    assert policy.plan([0.9], [], room=0).kind == "plain"  # no room left for a draft
+
+
+def test_dear_verification_gives_plain_steps_and_a_probe_every_few():
+    policy = StepPolicy(VerifyCosts((1.0, 5.0)), max_depth=3, probe_every=3)
+    drafted_once(policy)
+    kinds = []
+    for _ in range(4):
+        plan = policy.plan([0.9], [7, 8], room=10)
+        kinds.append(plan.kind)
+        tree = lookup_tree(0, plan.lookup) if plan.kind != "draft" else small_tree()
+        policy.record(plan, tree, [0], {"verify": 0.01})
+    assert kinds == ["plain", "plain", "plain", "draft"]  # the fourth refreshes the estimates
+
+
+def test_a_trusted_lookup_branch_is_verified_alone_when_the_drafter_is_unsure():
+    policy = StepPolicy(VerifyCosts((1.0, 1.02, 1.04, 1.06)), max_depth=3)
+    drafted_once(policy)
+    policy.calibration = Calibration(lookup_tested={1: 20.0, 2: 20.0}, lookup_accepted={1: 19.0, 2: 19.0},
+                                     drafted_expected={1: 20.0}, drafted_accepted={1: 1.0})
+    plan = policy.plan([0.1], [7, 8], room=10)
+    assert plan == Plan("lookup", lookup=(7, 8))
+    assert policy.expected(lookup_tree(0, plan.lookup)) == pytest.approx(1 + 20 / 22 + (20 / 22) ** 2)
+
+
+def with_costs(monkeypatch, costs):
+    """Make generate() plan with a given cost table instead of measuring one."""
+    monkeypatch.setattr(decoding, "step_costs", lambda settings, target, walk_head: VerifyCosts(costs))
+
+
+@pytest.mark.parametrize("costs", [(1.0, 1.02, 1.3, 1.6), (1.0, 5.0), (1.0,) * 4])
+@pytest.mark.parametrize("tree_policy", ["eagle2", "dyspec"])
+def test_greedy_stays_exact_whatever_the_policy_chooses(target, drafter, tree_policy, costs, monkeypatch,
+                                                        one_thread):
+    with_costs(monkeypatch, costs)
+    ids = prompt(9, seed=5)
+    config = DynaSpecGenerationConfig(
+        tree_policy=tree_policy, num_draft_nodes=6, draft_depth=3, draft_top_k=2, lookup_num_tokens=4,
+        max_new_tokens=40, do_sample=False, return_dict_in_generate=True,
+    )
+    out = target.generate(ids, generation_config=config, assistant_model=drafter)
+    assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=40))
+    stats = out.speculative_stats
+    if costs == (1.0, 5.0):  # no draft pays for 5 steps: plain steps but for the probes, trees trimmed to roots
+        assert stats.plain_steps >= stats.steps // 2 and stats.tree_nodes == 0
+    if costs == (1.0,) * 4:  # verification is free (drafting is not): trees are verified whole
+        assert stats.tree_nodes > stats.steps - stats.plain_steps and stats.predicted_steps > 0
+        assert stats.predicted_accepted_length >= 1.0
+    assert stats.summary()["setup_time_s"] > 0
+
+
+def test_the_policy_off_verifies_the_whole_tree(target, drafter, one_thread):
+    ids = prompt(9, seed=5)
+    config = DynaSpecGenerationConfig(step_policy="off", num_draft_nodes=6, draft_depth=3, draft_top_k=2,
+                                      max_new_tokens=20, do_sample=False, return_dict_in_generate=True)
+    out = target.generate(ids, generation_config=config, assistant_model=drafter)
+    assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=20))
+    stats = out.speculative_stats
+    assert stats.plain_steps == 0 and stats.predicted_steps == 0 and stats.tree_nodes > 0
+
+
+@pytest.mark.parametrize(("name", "value"), [("verify_costs", "auto"), ("verify_costs", [1.0, 1.2]),
+                                             ("draft_gate", True)])
+def test_replaced_settings_are_refused_by_name(target, drafter, name, value):
+    with pytest.raises(ValueError, match=f"{name}=.*step policy"):
+        DynaSpecGenerationConfig(**{name: value}).validate()
+    with pytest.raises(ValueError, match=f"{name}=.*step_policy='off'"):
+        target.generate(prompt(5), assistant_model=drafter, max_new_tokens=3, **{name: value})
+    inert = {"verify_costs": "off", "draft_gate": False}[name]  # what older generation_config.json files hold
+    DynaSpecGenerationConfig(**{name: inert}).validate()
+
+
+def test_measured_costs_start_at_one_and_never_fall(target):
+    costs = measure_verify_costs(target, max_tokens=9)
+    assert len(costs.costs) == 9 and costs(1) == 1.0
+    assert all(later >= earlier for earlier, later in zip(costs.costs, costs.costs[1:]))
+    assert measure_verify_costs(target, max_tokens=9) is costs  # memoised per target and setting
