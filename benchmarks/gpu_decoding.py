@@ -198,7 +198,8 @@ def step_ms(ctx: Context, target: torch.nn.Module, ids: torch.Tensor, **kwargs: 
 def tree_step_row(ctx: Context, target: torch.nn.Module, drafter: DynaSpecDrafter, ids: torch.Tensor,
                   tree: dict[str, Any], plain_ms: float) -> dict[str, Any]:
     """One tree's decoding step, end to end (draft, verify, walk, extend), and its cost in plain steps."""
-    config = DynaSpecGenerationConfig(**tree, lookup_num_tokens=0, return_dict_in_generate=True)
+    config = DynaSpecGenerationConfig(**tree, lookup_num_tokens=0, return_dict_in_generate=True,
+                                      step_policy="off")  # the candidate tree itself, every step
     ms, steps, out = step_ms(ctx, target, ids, generation_config=config, assistant_model=drafter)
     return dict(tree=tree, steps=steps, tokens_per_step=(ctx.plan.step_tokens - 1) / max(1, steps),
                 tree_nodes_per_step=out.speculative_stats.mean_tree_size, step_ms=ms, cost=ms / plain_ms)

@@ -190,7 +190,7 @@ def test_the_cuda_default_tree_keeps_greedy_exact(target, head_mode):
     drafter = tiny_drafter(target)
     ids = prompt(7, seed=3)
     config = DynaSpecGenerationConfig(max_new_tokens=24, head_mode=head_mode, return_dict_in_generate=True,
-                                      device_trees={"cpu": DEFAULT_DEVICE_TREES["cuda"]})
+                                      device_trees={"cpu": DEFAULT_DEVICE_TREES["cuda"]}, step_policy="off")
     out = target.generate(ids, generation_config=config, assistant_model=drafter)
     assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=24, do_sample=False))
     assert out.speculative_stats.mean_tree_size > DEFAULT_SETTINGS["num_draft_nodes"]  # the large tree was drafted

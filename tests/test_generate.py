@@ -30,12 +30,12 @@ def test_path_probability_floor_keeps_greedy_exact(target, drafter, policy, min_
     ids = prompt(7)
     config = DynaSpecGenerationConfig(tree_policy=policy, num_draft_nodes=12, draft_depth=5, draft_top_k=3,
                                       min_draft_prob=min_draft_prob, max_new_tokens=24, do_sample=False,
-                                      return_dict_in_generate=True)
+                                      return_dict_in_generate=True, step_policy="off")  # trees as drafted
     out = target.generate(ids, generation_config=config, assistant_model=drafter)
     assert torch.equal(out.sequences, greedy(target, ids, max_new_tokens=24))
     full = target.generate(ids, generation_config=DynaSpecGenerationConfig(
         tree_policy=policy, num_draft_nodes=12, draft_depth=5, draft_top_k=3, max_new_tokens=24, do_sample=False,
-        return_dict_in_generate=True), assistant_model=drafter)
+        return_dict_in_generate=True, step_policy="off"), assistant_model=drafter)
     # the floor prunes an untrained drafter
     assert out.speculative_stats.mean_tree_size < full.speculative_stats.mean_tree_size
 
@@ -55,7 +55,8 @@ def test_drafter_defaults_and_stats(target, drafter):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)  # tree forward vs one-token forward
     stats = out.speculative_stats
     assert stats.accepted_tokens == 16 - 1  # the prefill emits the first token
-    assert stats.steps == stats.recall_checks > 0  # one recall check per verified step
+    drafted = stats.steps - stats.plain_steps - stats.lookup_steps
+    assert drafted == stats.recall_checks > 0  # one recall check per drafted step
     # the default budget keeps k0 = k1 = 1 of the 8 clusters: each drafted position scores one cluster's tokens
     assert (drafter.config.shortlist_k0, drafter.config.shortlist_k1) == (1, 1)
     sizes = drafter.clusters.sizes()
@@ -106,7 +107,7 @@ def test_oracle_drafter_reaches_depth_plus_one(target, drafter, policy, depth, m
     new = 1 + steps * (depth + 1)  # the prefill's token, then `steps` full steps
     config = DynaSpecGenerationConfig(
         tree_policy=policy, draft_depth=depth, num_draft_nodes=2 * depth, draft_top_k=2, max_new_tokens=new,
-        return_dict_in_generate=True,
+        return_dict_in_generate=True, step_policy="off",  # every step drafts the whole tree
     )
     out = target.generate(ids, generation_config=config, assistant_model=drafter)
     assert torch.equal(out.sequences, greedy(target, ids, max_new_tokens=new))

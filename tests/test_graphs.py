@@ -154,7 +154,7 @@ def drafted(monkeypatch, **settings) -> tuple[list[tuple[list[int], list[int]]],
         target = tiny_target(eos_token_id=None)
         drafter = tiny_drafter(target)
         speculative(target, drafter, prompt(), max_new_tokens=30, tree_growth="device", shortlist_layout="lanes",
-                    num_draft_nodes=10, draft_depth=4, lookup_num_tokens=3, **settings)
+                    num_draft_nodes=10, draft_depth=4, lookup_num_tokens=3, step_policy="off", **settings)
     return trees, steps
 
 

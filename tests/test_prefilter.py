@@ -131,6 +131,6 @@ def test_a_bf16_gemm_beyond_the_bound_keeps_the_prefilter_out(target, monkeypatc
     monkeypatch.setattr(calibration, "_WALK_HEADS", calibration.weakref.WeakKeyDictionary())
     monkeypatch.setattr(prefilter.Prefilter, "error_over_bound", lambda self, hidden: 0.7)
     head = calibration.measure_walk_head(target, max_rows=2, repeats=1, layouts=("rows", "prefilter"))
-    assert head.layout == "rows" and list(head.seconds) == ["rows"]
+    assert head.layout == "rows"  # timed, but not taken: not exact on this machine
     with pytest.raises(ValueError, match="errs beyond the bound"):
         calibration.measure_walk_head(target, max_rows=2, repeats=1, layouts=("prefilter",))
