@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--bench", type=Path, required=True, help="an `hf-dynaspec bench` folder")
     parser.add_argument("--out", type=Path, default=None, help="default: <bench>/step-policy")
     parser.add_argument("--rerun", action="store_true", help="re-run the prompts below 0.95x paired with plain")
+    parser.add_argument("--rerun-methods", default=None, help="comma-separated: rerun only these methods' slow prompts")
     parser.add_argument("--drafter", default="drafters/smollm2-135m-instruct")
     parser.add_argument("--target", default="smollm2")
     parser.add_argument("--readme", action="store_true", help="write the README block step-policy-smollm2")
@@ -186,7 +187,9 @@ def main(argv: list[str] | None = None) -> dict:
     out = args.out or args.bench / "step-policy"
     records = read_records(args.bench / "records.jsonl")
     if args.rerun:
-        slow = {m: [q for q, s in by.items() if s < SLOW] for m, by in per_prompt(records).items()}
+        wanted = args.rerun_methods.split(",") if args.rerun_methods else None
+        slow = {m: [q for q, s in by.items() if s < SLOW] for m, by in per_prompt(records).items()
+                if wanted is None or m in wanted}
         rerun(args.bench, args.drafter, slow, args.target)
     machines = sorted({r.machine for r in records if r.machine})
     meta = {"bench": str(args.bench), "prompts": len({r.question_id for r in records}),

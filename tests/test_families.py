@@ -100,7 +100,8 @@ def test_sampling_stays_lossless_past_a_sliding_window():
     p2, p3 = exact_marginals(target, context, LogitsProcessorList())
     config = DynaSpecGenerationConfig(tree_policy="eagle2", draft_depth=2, draft_top_k=3, num_draft_nodes=6,
                                       head_mode="full", do_sample=True, top_k=0, max_new_tokens=3,
-                                      lookup_num_tokens=2, return_dict_in_generate=True)
+                                      lookup_num_tokens=2, return_dict_in_generate=True,
+                                      step_policy="off")  # every step verifies the tree: the sampler is exercised
     torch.manual_seed(99)
     counts2, counts3, accepted = torch.zeros(VOCAB), torch.zeros(VOCAB), 0
     for _ in range(1200):
