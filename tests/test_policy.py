@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from helpers import prompt
+from helpers import greedy, prompt, speculative
 
 from hf_dynaspec import DynaSpecGenerationConfig
 from hf_dynaspec.generation import decoding
@@ -133,12 +133,9 @@ def test_greedy_stays_exact_whatever_the_policy_chooses(target, drafter, tree_po
                                                         one_thread):
     with_costs(monkeypatch, costs)
     ids = prompt(9, seed=5)
-    config = DynaSpecGenerationConfig(
-        tree_policy=tree_policy, num_draft_nodes=6, draft_depth=3, draft_top_k=2, lookup_num_tokens=4,
-        max_new_tokens=40, do_sample=False, return_dict_in_generate=True,
-    )
-    out = target.generate(ids, generation_config=config, assistant_model=drafter)
-    assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=40))
+    out = speculative(target, drafter, ids, tree_policy=tree_policy, num_draft_nodes=6, draft_depth=3,
+                      draft_top_k=2, lookup_num_tokens=4, max_new_tokens=40, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, greedy(target, ids, max_new_tokens=40))
     stats = out.speculative_stats
     if costs == (1.0, 5.0):  # no draft pays for 5 steps: plain steps but for the probes, trees trimmed to roots
         assert stats.plain_steps >= stats.steps // 2 and stats.tree_nodes == 0
@@ -150,10 +147,9 @@ def test_greedy_stays_exact_whatever_the_policy_chooses(target, drafter, tree_po
 
 def test_the_policy_off_verifies_the_whole_tree(target, drafter, one_thread):
     ids = prompt(9, seed=5)
-    config = DynaSpecGenerationConfig(step_policy="off", num_draft_nodes=6, draft_depth=3, draft_top_k=2,
-                                      max_new_tokens=20, do_sample=False, return_dict_in_generate=True)
-    out = target.generate(ids, generation_config=config, assistant_model=drafter)
-    assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=20))
+    out = speculative(target, drafter, ids, step_policy="off", num_draft_nodes=6, draft_depth=3, draft_top_k=2,
+                      max_new_tokens=20, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, greedy(target, ids, max_new_tokens=20))
     stats = out.speculative_stats
     assert stats.plain_steps == 0 and stats.predicted_steps == 0 and stats.tree_nodes > 0
 

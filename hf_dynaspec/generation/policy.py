@@ -216,7 +216,7 @@ class StepPolicy:
         """The best step given the root's draft probabilities (None: the drafter has not read the latest
         tokens yet, and drafting pays for that catch-up), the lookup branch and `room` (drafts a path may
         still hold). A drafted step planned without the root's probabilities is planned again after the
-        catch-up (`decoding.speculative_step`), unless it is a probe."""
+        catch-up (`decoding.choose_tree`), unless it is a probe."""
         if room < 1:
             return Plan("plain")
         if (self.level_seconds.value is None or self.undrafted >= self.probe_every
@@ -228,9 +228,9 @@ class StepPolicy:
         best_rate = lookup_rate
         root_mass = self._root_mass(root_probs)
         work = self._seconds(self.catch_up_seconds) if root_probs is None else 0.0
+        lookup_share = sum(lookup_gains) * (1.0 - min(1.0, root_mass))  # where the root's drafts miss
         for depth in range(1, min(self.max_depth, room) + 1):
             gain, nodes = self.profile.predict(depth, root_mass)
-            lookup_share = sum(lookup_gains) * (1.0 - min(1.0, root_mass))  # where the root's drafts miss
             rate = (1.0 + gain + lookup_share) / (self.costs(1 + round(nodes) + len(lookup_gains)) + work)
             if rate > best_rate:
                 best, best_rate = Plan("draft", depth, root_mass=root_mass), rate
