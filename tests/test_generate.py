@@ -192,7 +192,8 @@ def test_context_heads_keep_greedy_exact(target, head_mode, static):
     drafter = tiny_drafter(target, static_token_ids=core)
     ids = prompt(9)
     config = DynaSpecGenerationConfig(head_mode=head_mode, num_draft_nodes=12, draft_depth=4, max_new_tokens=24,
-                                      do_sample=False, return_dict_in_generate=True)
+                                      do_sample=False, return_dict_in_generate=True,
+                                      step_policy="off")  # every step drafts (the policy's picks are timed)
     out = target.generate(ids, generation_config=config, assistant_model=drafter)
     assert torch.equal(out.sequences, greedy(target, ids, max_new_tokens=24))
     assert out.speculative_stats.mean_shortlist_size > 0

@@ -71,6 +71,7 @@ def test_lookup_keeps_greedy_exact_and_is_used(target, drafter, policy, num_toke
     config = DynaSpecGenerationConfig(
         tree_policy=policy, num_draft_nodes=4, draft_depth=2, draft_top_k=2, lookup_num_tokens=num_tokens,
         lookup_min_ngram=min_ngram, max_new_tokens=40, do_sample=False, return_dict_in_generate=True,
+        step_policy="off",  # every step verifies the tree with its lookup branch (the policy's picks are timed)
     )
     out = target.generate(ids_, generation_config=config, assistant_model=drafter)
     assert torch.equal(out.sequences, target.generate(ids_, do_sample=False, max_new_tokens=40))

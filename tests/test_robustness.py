@@ -106,7 +106,7 @@ def test_prompt_from_clusters_the_router_never_chooses(target):
     outside = torch.cat([draft.clusters.tokens([c]) for c in range(1, draft.config.num_clusters)])
     ids = outside[torch.randperm(outside.numel(), generator=torch.Generator().manual_seed(27))[:8]][None]
     config = DynaSpecGenerationConfig(shortlist_k0=1, shortlist_k1=1, max_new_tokens=20,
-                                      return_dict_in_generate=True)
+                                      return_dict_in_generate=True, step_policy="off")  # every step drafts
     out = target.generate(ids, generation_config=config, assistant_model=draft)
     assert torch.equal(out.sequences, greedy(target, ids, max_new_tokens=20))
     assert out.speculative_stats.mean_shortlist_size == draft.clusters.tokens([0]).numel()

@@ -26,11 +26,15 @@ SAMPLES = 1200
 
 
 @pytest.mark.parametrize(
-    ("temperature", "top_p", "lookup", "prompt"),
-    [(1.0, 1.0, 0, [1, 5, 3]), (0.7, 0.9, 0, [1, 5, 3]), (1.0, 1.0, 2, [6, 2, 7, 4, 1])],
-    ids=["plain", "temperature-top-p", "lookup-branch"],  # this target's first pick is mostly 6 or 7
+    ("temperature", "top_p", "lookup", "prompt", "step_policy"),
+    [(1.0, 1.0, 0, [1, 5, 3], "off"), (0.7, 0.9, 0, [1, 5, 3], "off"), (1.0, 1.0, 2, [6, 2, 7, 4, 1], "off"),
+     (1.0, 1.0, 2, [6, 2, 7, 4, 1], "auto")],
+    ids=["plain", "temperature-top-p", "lookup-branch", "step-policy"],  # this target's first pick is mostly 6 or 7
 )
-def test_sampling_matches_target_distribution(temperature, top_p, lookup, prompt):
+def test_sampling_matches_target_distribution(temperature, top_p, lookup, prompt, step_policy):
+    """With step_policy="off" every step verifies the whole tree, so the sampler's draft paths are exercised
+    (asserted); with "auto" the policy picks each step's tree from timings (plain, lookup or drafted), which
+    varies between machines, so only the marginals are asserted: they must hold whichever trees it picks."""
     target = tiny_target(vocab_size=VOCAB, seed=21)
     # the lookup case's sample count was sized for the acceptance of this (EAGLE-1) random drafter
     drafter = tiny_drafter(target, num_clusters=4, drafter_architecture="eagle1" if lookup else "eagle3")
@@ -44,7 +48,7 @@ def test_sampling_matches_target_distribution(temperature, top_p, lookup, prompt
     config = DynaSpecGenerationConfig(
         tree_policy="eagle2", draft_depth=2, draft_top_k=3, num_draft_nodes=6, head_mode="full",
         do_sample=True, temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=3,
-        return_dict_in_generate=True, lookup_num_tokens=lookup,
+        return_dict_in_generate=True, lookup_num_tokens=lookup, step_policy=step_policy,
     )
     torch.manual_seed(1234)
     counts2, counts3 = torch.zeros(VOCAB), torch.zeros(VOCAB)
@@ -56,8 +60,9 @@ def test_sampling_matches_target_distribution(temperature, top_p, lookup, prompt
         counts3[x3] += 1
         accepted += out.speculative_stats.accepted_tokens - out.speculative_stats.steps  # drafts accepted
         from_lookup += out.speculative_stats.lookup_tokens
-    assert accepted > SAMPLES // 10, "too few drafts accepted: the test would not exercise the sampler"
-    assert from_lookup > SAMPLES // 20 or not lookup, "lookup drafts were not exercised"
+    if step_policy == "off":
+        assert accepted > SAMPLES // 10, "too few drafts accepted: the test would not exercise the sampler"
+        assert from_lookup > SAMPLES // 20 or not lookup, "lookup drafts were not exercised"
     assert chi_square(counts2, p2) < CHI2_999_DF7
     assert chi_square(counts3, p3) < CHI2_999_DF7
 
