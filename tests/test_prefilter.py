@@ -134,3 +134,24 @@ def test_a_bf16_gemm_beyond_the_bound_keeps_the_prefilter_out(target, monkeypatc
     assert head.layout == "rows"  # timed, but not taken: not exact on this machine
     with pytest.raises(ValueError, match="errs beyond the bound"):
         calibration.measure_walk_head(target, max_rows=2, repeats=1, layouts=("prefilter",))
+
+
+def test_verify_costs_take_the_prefilter_picks_from_their_own_timing(target, monkeypatch):
+    """A forward timed for c(n) over random tokens does not rescore its (flat) rows: the prefilter layout's own
+    timing of that many picks is added instead (real contexts leave few candidates, random ones thousands)."""
+    from transformers import DynamicCache
+
+    head = WalkHead.of(target, rows=2, layout="prefilter")
+    head = type(head)(**{**head.__dict__, "seconds": {"prefilter": (5.0, 7.0)}})  # known, unmistakable timings
+
+    def no_rescoring(*_):
+        raise AssertionError("the timed forward rescored random rows")
+
+    monkeypatch.setattr(Prefilter, "argmax", no_rescoring)
+    cache = DynamicCache()
+    with torch.no_grad():
+        target(input_ids=prompt(8), cache=cache, use_cache=True)
+    one = calibration.time_forward(target, cache, 8, 1, 1, walk_head=head)
+    three = calibration.time_forward(target, cache, 8, 3, 1, walk_head=head)
+    assert 5.0 < one < 6.0 and 7.0 < three < 8.0  # 1 pick, then the walk head's 2 rows, plus a tiny forward
+    assert cache.get_seq_length() == 8  # cropped back

@@ -135,7 +135,12 @@ def time_forward(
 ) -> float:
     """Median seconds of a target forward over n new tokens after `context` cached ones, shaped as a
     verification (4D mask, explicit positions, last hidden state; with a `walk_head`, logits for the first
-    `walk_head.rows` tokens only, in its layout, as `verify_forward`). The cache is cropped back after each run."""
+    `walk_head.rows` tokens only, in its layout, as `verify_forward`). The cache is cropped back after each run.
+
+    The "prefilter" layout's picks cost what its rescoring finds to rescore, which depends on how peaked the
+    logits are: the hidden states of random tokens are far flatter than a real context's and leave thousands of
+    candidates. So its rows are not timed on them: the forward is timed without them and the layout's own timing
+    of those rows (`walk_head.seconds`, measured on a fixed input, or timed here on one) is added."""
     device = target.device
     ids = torch.randint(0, target.config.get_text_config().vocab_size, (1, n), device=device)
     allowed = torch.ones(n, context + n, dtype=torch.bool, device=device).tril(diagonal=context)
@@ -144,14 +149,31 @@ def time_forward(
     positions = key_positions[None, context:]  # (1, n)
     rows = list(range(min(n, walk_head.rows))) if walk_head else []
     keep = {"logits_to_keep": walk_head.logits_to_keep(rows, device)} if walk_head else {}
+    greedy_rows = walk_head is not None and walk_head.layout in GREEDY_LAYOUTS
+    picks_seconds = greedy_pick_seconds(target, walk_head, len(rows), repeats) if greedy_rows else 0.0
 
     def forward() -> None:
         out = target(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
                      output_hidden_states=True, **keep)
-        if walk_head is not None:
-            walk_head.walk(out, rows)  # the walk rows' logits or picks, as verify_forward reads them
+        if walk_head is not None and not greedy_rows:
+            walk_head.walk(out, rows)  # the walk rows' logits, as verify_forward reads them
 
-    return _median_seconds(forward, repeats, device, after=lambda: crop_cache(cache, context))  # drop the n tokens
+    seconds = _median_seconds(forward, repeats, device, after=lambda: crop_cache(cache, context))  # drop the n tokens
+    return seconds + picks_seconds
+
+
+def greedy_pick_seconds(target: torch.nn.Module, walk_head: WalkHead, rows: int, repeats: int) -> float:
+    """Seconds of `rows` greedy picks in `walk_head`'s layout: its measured timing (`walk_head_seconds`, on a
+    fixed random input), else timed here on one (0 rows: 0)."""
+    if rows == 0:
+        return 0.0
+    measured_rows = walk_head.seconds.get(walk_head.layout, ())
+    if len(measured_rows) >= rows:
+        return measured_rows[rows - 1]
+    weight = target.get_output_embeddings().weight
+    hidden = torch.randn(rows, weight.shape[1], device=target.device, dtype=weight.dtype,
+                         generator=torch.Generator(device=target.device).manual_seed(0))
+    return _median_seconds(lambda: walk_head.argmax(hidden), repeats, target.device)
 
 
 def measure_verify_costs(
@@ -168,7 +190,8 @@ def measure_verify_costs(
     memo = _MEASURED.setdefault(target, {})
     if key not in memo:
         stored_key = measured.measurement_key(target, "verify_costs", dict(
-            max_tokens=max_tokens, walk=walk, context=CALIBRATION_CONTEXT, repeats=CALIBRATION_REPEATS))
+            max_tokens=max_tokens, walk=walk, context=CALIBRATION_CONTEXT, repeats=CALIBRATION_REPEATS,
+            greedy_picks="timed apart"))  # how the "prefilter" rows enter c(n) (`time_forward`)
         stored = measured.load(stored_key)
         if not (are_positive_costs(stored) and len(stored) == max_tokens):
             stored = _time_verify_costs(target, max_tokens, walk_head)
