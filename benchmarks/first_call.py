@@ -2,11 +2,12 @@
 LM head's layout timings, the verification costs) against plain decoding's first call, each in a process of its
 own, as a user meets it (`python my_script.py` once).
 
-Three conditions, run in alternating rounds (one process per run; the target and drafter load untimed):
+Four conditions, run in alternating rounds (one process per run; the target and drafter load untimed):
 - plain: `target.generate(ids, max_new_tokens=N)`, the first call of its process;
-- cold: the drafter's first call with nothing measured before (`HF_DYNASPEC_MEASURE=fresh`: calibration runs and
-  is written to the measurement cache);
-- warm: the drafter's first call in a later process (`HF_DYNASPEC_MEASURE=disk`: calibration read back).
+- cold: the drafter's first call on a machine with nothing measured (an empty measurement folder, the default
+  `HF_DYNASPEC_MEASURE=disk`): it measures what a first call can afford and stores it;
+- second: the next process, reading what the cold run of its round stored;
+- calibrated: a process after `hf-dynaspec calibrate` (the user's measurement folder, measured in full).
 
 Each speculative run's output is checked against the plain run's (greedy, fp32). Writes records.jsonl (resumable),
 results.json and results.md under --out.
@@ -20,9 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,7 +34,7 @@ from tqdm.auto import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import save_results  # noqa: E402
 
-CONDITIONS = {"plain": None, "cold": "fresh", "warm": "disk"}  # condition -> HF_DYNASPEC_MEASURE
+CONDITIONS = ("plain", "cold", "second", "calibrated")
 
 
 def child(args: argparse.Namespace) -> dict:
@@ -61,10 +64,14 @@ def child(args: argparse.Namespace) -> dict:
                 machine=machine_description())
 
 
-def run_child(args: argparse.Namespace, condition: str) -> dict:
-    env = dict(os.environ)
-    if CONDITIONS[condition] is not None:
-        env["HF_DYNASPEC_MEASURE"] = CONDITIONS[condition]
+def run_child(args: argparse.Namespace, condition: str, scratch: Path) -> dict:
+    """One run in a process of its own; "cold" starts `scratch` as an empty measurement folder, "second" reads it."""
+    env = {**os.environ, "HF_DYNASPEC_MEASURE": "disk"}
+    env.pop("HF_DYNASPEC_MEASUREMENTS", None)
+    if condition in ("cold", "second"):
+        if condition == "cold":
+            shutil.rmtree(scratch, ignore_errors=True)
+        env["HF_DYNASPEC_MEASUREMENTS"] = str(scratch)
     command = [sys.executable, __file__, "--child", condition, "--target", args.target, "--drafter", args.drafter,
                "--prompt-format", args.prompt_format, "--max-new-tokens", str(args.max_new_tokens),
                "--threads", str(args.threads), "--prompt-index", str(args.prompt_index)]
@@ -116,7 +123,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/results/cpu-gemma3-first-call")
-    parser.add_argument("--child", choices=list(CONDITIONS), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=CONDITIONS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args)))
@@ -125,9 +132,14 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "records.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-    plan = [c for _ in range(args.rounds) for c in CONDITIONS]  # cold before warm in each round: warm reads it
+    plan = [c for _ in range(args.rounds) for c in CONDITIONS]  # "second" reads what "cold" stored just before
+    if not records:  # the "calibrated" condition's measurements, in full, in the user's folder
+        calibrate = ["calibrate", "--target", args.target, "--drafter", args.drafter, "--threads", str(args.threads)]
+        subprocess.run([sys.executable, "-c", f"from hf_dynaspec.cli import main; raise SystemExit(main({calibrate!r}))"],
+                       check=True, env={k: v for k, v in os.environ.items() if k != "HF_DYNASPEC_MEASUREMENTS"})
+    scratch = Path(tempfile.mkdtemp(prefix="first-call-measurements-"))
     for condition in tqdm(plan[len(records):], desc="first calls", initial=len(records), total=len(plan)):
-        record = run_child(args, condition)
+        record = run_child(args, condition, scratch)
         records.append(record)
         with path.open("a") as f:
             f.write(json.dumps(record) + "\n")

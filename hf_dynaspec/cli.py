@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -37,7 +38,14 @@ from .generation_config import HEAD_MODES, SPEC_FIELDS, STEP_POLICIES, TREE_POLI
 from .interchange import DEFAULT_DRAFT_VOCAB, FORMATS, export_eagle3, load_eagle3, shortlist_counts_on_data
 from .machine import machine_description
 from .modeling import DynaSpecDrafter
-from .targets import GEMMA3_ALIASES, PROMPT_FORMATS, SMOLLM2_ALIASES, encode_formatted, load_target
+from .targets import (
+    GEMMA3_ALIASES,
+    PROMPT_FORMATS,
+    SMOLLM2_ALIASES,
+    encode_formatted,
+    encode_prompt,
+    load_target,
+)
 from .training import TrainingArguments, frequent_tokens, load_prompts, train_drafter
 from .training.corpus import FEATURE_DTYPES, write_answers
 from .training.data import most_frequent
@@ -89,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     sub.add_parser = functools.partial(sub.add_parser, formatter_class=HelpFormatter)  # type: ignore[method-assign]
     commands = (_add_init_command, _add_generate_command, _add_push_command, _add_demo_command, _add_bench_command,
-                _add_quality_command, _add_static_command, _add_distill_command, _add_export_command,
+                _add_calibrate_command, _add_quality_command, _add_static_command, _add_distill_command, _add_export_command,
                 _add_import_eagle3_command, _add_features_command, _add_train_command)  # in `--help`'s order
     for add_command in commands:
         add_command(sub)
@@ -150,6 +158,16 @@ def _add_demo_command(sub) -> None:
     demo.add_argument("--max-new-tokens", type=int, default=96, help="tokens to generate per prompt")
     demo.add_argument("--prompt", action="append", default=None, help="replace the demo prompts")
     demo.set_defaults(func=cmd_demo)
+
+
+def _add_calibrate_command(sub) -> None:
+    calibrate = sub.add_parser("calibrate", help="measure verification costs and the LM head's layouts in full, once "
+                               "per machine (a first call measures only what it can afford)")
+    _add_decoding_target(calibrate)
+    calibrate.add_argument("--drafter", default=None,
+                           help="default: the drafter shipped for --target (smollm2, gemma3) in drafters/")
+    calibrate.add_argument("--threads", type=int, default=None, help="torch.set_num_threads, as generation will run")
+    calibrate.set_defaults(func=cmd_calibrate)
 
 
 def _add_bench_command(sub) -> None:
@@ -460,6 +478,33 @@ def compare(target, tokenizer, drafter, prompts: Sequence[str], config: DynaSpec
     for p, same, a, b, speedup, tau, sl in rows:
         print(f"| {p} | {same} | {a:.1f} | {b:.1f} | {speedup:.2f}x | {tau:.2f} | {sl:.0f} ({sl / vocab:.1%}) |")
     return 0 if all(r[1] for r in rows) else 1
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """A short greedy and a short sampled generate() with HF_DYNASPEC_MEASURE=fresh: every measurement those calls
+    use (the walk head's layouts, c(n) for the drafter's tree sizes) is timed in full and stored for later
+    processes (`hf_dynaspec.generation.measured`)."""
+    from .generation import measured
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, tokenizer, drafter = load_models(args, args.drafter or shipped_drafter(args.target))
+    input_ids = encode_prompt(tokenizer, "Calibration.", chat_template=False).to(target.device)
+    before, previous = set(measured.measurements_dir().glob("*.json")), os.environ.get(measured.ENV)
+    os.environ[measured.ENV] = "fresh"
+    try:
+        for sampling in (False, True):
+            _, seconds = timed(target.generate, input_ids, assistant_model=drafter, max_new_tokens=4,
+                                 do_sample=sampling)
+            print(f"{'sampling' if sampling else 'greedy'}: measured in {seconds:.1f} s")
+    finally:
+        if previous is None:
+            os.environ.pop(measured.ENV)
+        else:
+            os.environ[measured.ENV] = previous
+    written = set(measured.measurements_dir().glob("*.json")) - before
+    print(f"stored in {measured.measurements_dir()} ({len(written)} new files, others overwritten)")
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

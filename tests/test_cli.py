@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 import pytest
@@ -276,3 +277,22 @@ def test_head_target_top_without_head_vocab_is_refused(tmp_path, capsys):
     assert main(["train", "--target", "tiny", "--drafter", str(tmp_path), "--data", str(tmp_path), "--ckpt-dir",
                  str(tmp_path / "ck"), "--steps", "1", "--head-target-top", "4"]) == 1
     assert "pass --head-vocab N too" in capsys.readouterr().err
+
+
+def test_calibrate_measures_in_full_and_stores(tmp_path, monkeypatch, capsys):
+    """`calibrate` times the walk head's layouts and c(n) in full (fresh) and stores them; the caller's
+    HF_DYNASPEC_MEASURE is restored afterwards."""
+    from hf_dynaspec.generation import calibration, measured
+
+    monkeypatch.setenv("HF_DYNASPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(measured.ENV, "disk")
+    monkeypatch.setattr(calibration, "_MEASURED", type(calibration._MEASURED)())
+    monkeypatch.setattr(calibration, "_WALK_HEADS", type(calibration._WALK_HEADS)())
+    drafter = tmp_path / "drafter"
+    assert main(["init", "--target", "tiny", "--num-clusters", "8", "--out", str(drafter)]) == 0
+    assert main(["calibrate", "--target", "tiny", "--drafter", str(drafter)]) == 0
+    notes = [json.loads(p.read_text())["note"] for p in (tmp_path / "cache" / "measurements").glob("*.json")]
+    assert any(note.startswith("walk head timings") for note in notes)  # timed: a cold call would not
+    assert any("verify costs" in note and note.endswith("full") for note in notes)
+    assert not any("quick" in note for note in notes)
+    assert os.environ[measured.ENV] == "disk"

@@ -33,9 +33,11 @@ def refuse_timing(monkeypatch):
 
 def test_verify_costs_and_walk_head_timings_are_read_back_by_the_next_process(disk_cache, monkeypatch):
     target = tiny_target()
+    monkeypatch.setenv(measured.ENV, "fresh")  # measured in full, as `hf-dynaspec calibrate` does
     costs = calibration.measure_verify_costs(target, max_tokens=6)
     head = calibration.measure_walk_head(target, max_rows=3, repeats=1)
     assert len(list(disk_cache.glob("*.json"))) == 3  # costs, the walk head's timings (twice: default + 3 rows)
+    monkeypatch.setenv(measured.ENV, "disk")
     fresh_process(monkeypatch)
     refuse_timing(monkeypatch)
     again = tiny_target()  # same shapes, other weights: the timings hold
@@ -47,9 +49,9 @@ def test_another_shape_or_setting_measures_anew_and_broken_files_are_replaced(di
     calibration.measure_verify_costs(tiny_target(), max_tokens=5)
     fresh_process(monkeypatch)
     files = sorted(disk_cache.glob("*.json"))
-    calibration.measure_verify_costs(tiny_target(vocab_size=96), max_tokens=5)  # another shape: costs + head
+    calibration.measure_verify_costs(tiny_target(vocab_size=96), max_tokens=5)  # another shape: costs (head untimed)
     calibration.measure_verify_costs(tiny_target(), max_tokens=4)  # another setting: costs
-    assert len(sorted(disk_cache.glob("*.json"))) == len(files) + 3
+    assert len(sorted(disk_cache.glob("*.json"))) == len(files) + 2
     for path in disk_cache.glob("*.json"):
         path.write_text("{not json")
     fresh_process(monkeypatch)
@@ -72,3 +74,30 @@ def test_timed_sizes_cover_both_ends():
     assert calibration.timed_sizes(6) == [1, 2, 3, 4, 5, 6]
     sizes = calibration.timed_sizes(21)
     assert sizes[0] == 1 and sizes[-1] == 21 and sizes == sorted(set(sizes)) and len(sizes) < 21
+
+
+def test_a_cold_first_call_times_a_few_sizes_and_leaves_the_head_untimed(disk_cache, monkeypatch):
+    """disk mode, nothing stored: c(n) from `quick_sizes` (stored, read back by the next process), the walk head
+    in the model's own layout without a timing; a full measurement stored later is preferred to the quick one."""
+    timed_sizes = []
+    real = calibration.time_forward
+    monkeypatch.setattr(calibration, "time_forward",
+                        lambda target, cache, context, n, *a, **k: timed_sizes.append(n) or real(target, cache, context, n, *a, **k))
+    target = tiny_target()
+    head = calibration.measure_walk_head(target, layouts=("rows", "columns", "prefilter"))
+    assert (head.layout, head.rows, head.seconds) == ("rows", calibration.EXPECTED_WALK, {})
+    quick = calibration.measure_verify_costs(target, max_tokens=12, walk_head=head)
+    assert sorted(set(timed_sizes)) == [1, 2, 4, 8, 12] and len(quick.costs) == 12 and quick(1) == 1.0
+    assert len(list(disk_cache.glob("*.json"))) == 1  # the quick costs; no walk-head timings
+    fresh_process(monkeypatch)
+    refuse_timing(monkeypatch)
+    assert calibration.measure_verify_costs(tiny_target(), max_tokens=12, walk_head=head) == quick
+    monkeypatch.undo()  # timing allowed again
+    monkeypatch.setenv("HF_DYNASPEC_CACHE", str(disk_cache.parent))
+    monkeypatch.setenv(measured.ENV, "fresh")
+    fresh_process(monkeypatch)
+    full = calibration.measure_verify_costs(tiny_target(), max_tokens=12, walk_head=head)
+    monkeypatch.setenv(measured.ENV, "disk")
+    fresh_process(monkeypatch)
+    refuse_timing(monkeypatch)
+    assert calibration.measure_verify_costs(tiny_target(), max_tokens=12, walk_head=head) == full

@@ -32,6 +32,8 @@ from .walk_head import GREEDY_LAYOUTS, LAYOUTS, WalkHead, choose_walk_head
 CALIBRATION_CONTEXT = 128  # cached tokens under the timed forwards (the cost barely moves with context)
 CALIBRATION_REPEATS = 3  # median of this many timed forwards per size
 WALK_REPEATS = 3  # median of this many timed head applications per row count and layout
+QUICK_SIZES = (1, 2, 4, 8)  # a cold first call times these sizes and the largest one (`quick_sizes`)
+QUICK_REPEATS = 2
 MAX_MEASURED = 32  # sizes timed by "auto"; beyond, c grows by its last step
 MAX_WALK_ROWS = 8
 EXPECTED_WALK = 3  # rows a step's walk reads (accepted drafts + bonus token), the prior behind the rows at once
@@ -61,20 +63,30 @@ def measure_walk_head(target: torch.nn.Module, max_rows: int = MAX_WALK_ROWS, re
     if key not in memo:
         if any(old[-1] != weights for old in memo):
             memo.clear()  # an older key holds a stale copy of the weights
-        seconds = walk_head_seconds(target, layouts, max_rows, repeats)
-        memo[key] = exact_walk_head(target, seconds, walk, columns_margin)
+        seconds = walk_head_seconds(target, layouts, max_rows, repeats, untimed_ok=len(layouts) > 1)
+        memo[key] = (exact_walk_head(target, seconds, walk, columns_margin) if seconds is not None
+                     else default_walk_head(target, layouts, walk))
     return memo[key]
 
 
-def walk_head_seconds(target: torch.nn.Module, layouts: tuple[str, ...], max_rows: int, repeats: int
-                      ) -> dict[str, tuple[float, ...]]:
+def default_walk_head(target: torch.nn.Module, layouts: tuple[str, ...], walk: int) -> WalkHead:
+    """The head a cold first call uses without timing a layout: the model's own ("rows"), `walk` rows at once."""
+    layout = "rows" if "rows" in layouts else layouts[0]
+    return WalkHead.of(target, rows=walk, layout=layout)
+
+
+def walk_head_seconds(target: torch.nn.Module, layouts: tuple[str, ...], max_rows: int, repeats: int,
+                      untimed_ok: bool = False) -> dict[str, tuple[float, ...]] | None:
     """Median seconds of 1..max_rows rows through the head in each layout: from disk when this target shape and
-    machine were timed before (`measured`), else timed now and stored."""
+    machine were timed before (`measured`), else timed now and stored; None (not timed) where `untimed_ok` and
+    the call is cold (`measured.thorough()` is False: the default, measure-as-you-go mode)."""
     stored_key = measured.measurement_key(target, "walk_head", dict(layouts=list(layouts), max_rows=max_rows,
                                                                     repeats=repeats))
     stored = measured.load(stored_key)
     if isinstance(stored, dict) and set(stored) == set(layouts):
         return {layout: tuple(stored[layout]) for layout in layouts}
+    if untimed_ok and not measured.thorough():
+        return None
     weight = target.get_output_embeddings().weight
     hidden = torch.randn(max_rows, weight.shape[1], device=target.device, dtype=weight.dtype)
     seconds = {}
@@ -189,16 +201,34 @@ def measure_verify_costs(
     key = (max_tokens, walk, str(target.device), target.dtype, torch.get_num_threads())
     memo = _MEASURED.setdefault(target, {})
     if key not in memo:
-        stored_key = measured.measurement_key(target, "verify_costs", dict(
-            max_tokens=max_tokens, walk=walk, context=CALIBRATION_CONTEXT, repeats=CALIBRATION_REPEATS,
-            greedy_picks="timed apart"))  # how the "prefilter" rows enter c(n) (`time_forward`)
-        stored = measured.load(stored_key)
-        if not (are_positive_costs(stored) and len(stored) == max_tokens):
-            stored = _time_verify_costs(target, max_tokens, walk_head)
-            measured.save(stored_key, stored, f"verify costs c(1..{max_tokens}) of {type(target).__name__}, "
-                          f"{target.dtype}, walk head {walk}")
-        memo[key] = VerifyCosts(tuple(stored))
+        memo[key] = VerifyCosts(tuple(_stored_or_timed_costs(target, max_tokens, walk_head)))
     return memo[key]
+
+
+def _stored_or_timed_costs(target: torch.nn.Module, max_tokens: int, walk_head: WalkHead | None) -> list[float]:
+    """c(1..max_tokens) from disk (a full measurement before a quick one), else timed: in full (`timed_sizes`,
+    CALIBRATION_REPEATS each) when `measured.thorough()`, else quickly (`quick_sizes`, QUICK_REPEATS each: a cold
+    first call), and stored under its own key."""
+    walk = (walk_head.layout, walk_head.rows) if walk_head else None
+    keys = {quick: measured.measurement_key(target, "verify_costs", dict(
+        max_tokens=max_tokens, walk=walk, context=CALIBRATION_CONTEXT,
+        repeats=QUICK_REPEATS if quick else CALIBRATION_REPEATS, quick=quick,
+        greedy_picks="timed apart")) for quick in (False, True)}  # how "prefilter" rows enter c(n) (`time_forward`)
+    for quick in (False, True):
+        stored = measured.load(keys[quick])
+        if are_positive_costs(stored) and len(stored) == max_tokens:
+            return stored
+    quick = not measured.thorough()
+    sizes = quick_sizes(max_tokens) if quick else timed_sizes(max_tokens)
+    costs = _time_verify_costs(target, max_tokens, walk_head, sizes, QUICK_REPEATS if quick else CALIBRATION_REPEATS)
+    measured.save(keys[quick], costs, f"verify costs c(1..{max_tokens}) of {type(target).__name__}, {target.dtype}, "
+                  f"walk head {walk}, {'quick: sizes ' + str(sizes) if quick else 'full'}")
+    return costs
+
+
+def quick_sizes(max_tokens: int) -> list[int]:
+    """The forward sizes a cold first call times: QUICK_SIZES below max_tokens, then max_tokens."""
+    return [*(n for n in QUICK_SIZES if n < max_tokens), max_tokens]
 
 
 def timed_sizes(max_tokens: int) -> list[int]:
@@ -210,16 +240,18 @@ def timed_sizes(max_tokens: int) -> list[int]:
     return [*sizes, max_tokens]
 
 
-def _time_verify_costs(target: torch.nn.Module, max_tokens: int, walk_head: WalkHead | None) -> list[float]:
-    """c(1..max_tokens): forwards of `timed_sizes` timed after CALIBRATION_CONTEXT cached tokens, the rest
-    interpolated linearly, made non-decreasing (timing noise must not make a bigger forward look cheaper)."""
+def _time_verify_costs(target: torch.nn.Module, max_tokens: int, walk_head: WalkHead | None,
+                       sizes: list[int] | None = None, repeats: int = CALIBRATION_REPEATS) -> list[float]:
+    """c(1..max_tokens): forwards of `sizes` (default `timed_sizes`; 1 and max_tokens among them) timed
+    `repeats` times after CALIBRATION_CONTEXT cached tokens, the rest interpolated linearly, made non-decreasing
+    (timing noise must not make a bigger forward look cheaper)."""
     cache = DynamicCache()
     ids = torch.randint(0, target.config.get_text_config().vocab_size, (1, CALIBRATION_CONTEXT))
     with torch.no_grad():
         target(input_ids=ids.to(target.device), cache=cache, use_cache=True)
     time_forward(target, cache, CALIBRATION_CONTEXT, max_tokens, 1, walk_head)  # warm-up
-    sizes = timed_sizes(max_tokens)
-    timed = [time_forward(target, cache, CALIBRATION_CONTEXT, n, CALIBRATION_REPEATS, walk_head) for n in sizes]
+    sizes = sizes or timed_sizes(max_tokens)
+    timed = [time_forward(target, cache, CALIBRATION_CONTEXT, n, repeats, walk_head) for n in sizes]
     seconds = []
     for n in range(1, max_tokens + 1):
         right = next(i for i, size in enumerate(sizes) if size >= n)

@@ -3,9 +3,14 @@
 A measurement (the LM head's layout timings, the verification costs c(n)) depends on the target's shapes, its
 dtype and device, the machine (CPU model, cores, torch version, threads) and the measurement's own settings, not
 on the weights' values. Each is stored as one JSON file named by a hash of all of these, under
-`$HF_DYNASPEC_CACHE/measurements` (default ~/.cache/hf-dynaspec/measurements); `HF_DYNASPEC_MEASURE=fresh`
-measures anew (and overwrites), `HF_DYNASPEC_MEASURE=memory` keeps measurements in the process only. A file
-that cannot be read or does not hold what was asked is measured again.
+`$HF_DYNASPEC_MEASUREMENTS` (default `$HF_DYNASPEC_CACHE/measurements`, i.e. ~/.cache/hf-dynaspec/measurements). A file that cannot be read or
+does not hold what was asked is measured again. `HF_DYNASPEC_MEASURE`:
+
+- `disk` (the default): what is stored is used; what is missing is measured as cheaply as a first call can
+  afford (`thorough()` is False: c(n) at a few sizes, the LM head's layout left at the model's own, untimed)
+  and stored, so no process pays a full calibration it did not ask for;
+- `fresh`: everything measured in full now and stored (what `hf-dynaspec calibrate` runs);
+- `memory`: measured in full, kept in the process only (the tests).
 
     python -c "from hf_dynaspec.generation.measured import measurements_dir; print(measurements_dir())"
 """
@@ -24,12 +29,14 @@ from ..machine import machine_description
 from ..targets import cache_dir
 
 ENV = "HF_DYNASPEC_MEASURE"
+DIR_ENV = "HF_DYNASPEC_MEASUREMENTS"
 MODES = ("disk", "fresh", "memory")
 IGNORED_CONFIG_KEYS = ("_name_or_path", "transformers_version", "_commit_hash", "name_or_path")
 
 
 def measurements_dir() -> Path:
-    return cache_dir() / "measurements"
+    """$HF_DYNASPEC_MEASUREMENTS, else the `measurements` folder of `targets.cache_dir()`."""
+    return Path(os.environ.get(DIR_ENV) or cache_dir() / "measurements")
 
 
 def mode() -> str:
@@ -37,6 +44,12 @@ def mode() -> str:
     if value not in MODES:
         raise ValueError(f"{ENV}={value!r}: use one of {MODES}.")
     return value
+
+
+def thorough() -> bool:
+    """Whether a missing measurement is taken in full (fresh, memory) rather than as a cold first call can
+    afford (disk)."""
+    return mode() != "disk"
 
 
 def measurement_key(target: torch.nn.Module, kind: str, settings: dict[str, Any]) -> str:
