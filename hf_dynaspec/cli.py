@@ -33,6 +33,7 @@ from . import __version__, bench, quality, sharing
 from .bench_prompts import load_bench_prompts
 from .configuration import ARCHITECTURES, eagle3_layer_ids
 from .cpu import is_prepared_for_cpu, prepare_for_cpu
+from .generation import measured
 from .generation.calibration import measured_walk_heads
 from .generation_config import HEAD_MODES, SPEC_FIELDS, STEP_POLICIES, TREE_POLICIES, DynaSpecGenerationConfig
 from .interchange import DEFAULT_DRAFT_VOCAB, FORMATS, export_eagle3, load_eagle3, shortlist_counts_on_data
@@ -484,8 +485,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     """A short greedy and a short sampled generate() with HF_DYNASPEC_MEASURE=fresh: every measurement those calls
     use (the walk head's layouts, c(n) for the drafter's tree sizes) is timed in full and stored for later
     processes (`hf_dynaspec.generation.measured`)."""
-    from .generation import measured
-
     if args.threads:
         torch.set_num_threads(args.threads)
     target, tokenizer, drafter = load_models(args, args.drafter or shipped_drafter(args.target))
