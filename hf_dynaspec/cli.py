@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import torch
 from huggingface_hub import HfApi
@@ -489,18 +490,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     target, tokenizer, drafter = load_models(args, args.drafter or shipped_drafter(args.target))
     input_ids = encode_prompt(tokenizer, "Calibration.", chat_template=False).to(target.device)
-    before, previous = set(measured.measurements_dir().glob("*.json")), os.environ.get(measured.ENV)
-    os.environ[measured.ENV] = "fresh"
-    try:
+    before = set(measured.measurements_dir().glob("*.json"))
+    with patch.dict(os.environ, {measured.ENV: "fresh"}):  # the caller's setting comes back afterwards
         for sampling in (False, True):
             _, seconds = timed(target.generate, input_ids, assistant_model=drafter, max_new_tokens=4,
-                                 do_sample=sampling)
+                               do_sample=sampling)
             print(f"{'sampling' if sampling else 'greedy'}: measured in {seconds:.1f} s")
-    finally:
-        if previous is None:
-            os.environ.pop(measured.ENV)
-        else:
-            os.environ[measured.ENV] = previous
     written = set(measured.measurements_dir().glob("*.json")) - before
     print(f"stored in {measured.measurements_dir()} ({len(written)} new files, others overwritten)")
     return 0

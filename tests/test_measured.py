@@ -4,6 +4,8 @@ measured over."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from helpers import tiny_target
 
@@ -78,7 +80,7 @@ def test_timed_sizes_cover_both_ends():
 
 def test_a_cold_first_call_times_a_few_sizes_and_leaves_the_head_untimed(disk_cache, monkeypatch):
     """disk mode, nothing stored: c(n) from `quick_sizes` (stored, read back by the next process), the walk head
-    in the model's own layout without a timing; a full measurement stored later is preferred to the quick one."""
+    in the model's own layout without a timing."""
     timed_sizes = []
     real = calibration.time_forward
     monkeypatch.setattr(calibration, "time_forward",
@@ -92,11 +94,19 @@ def test_a_cold_first_call_times_a_few_sizes_and_leaves_the_head_untimed(disk_ca
     fresh_process(monkeypatch)
     refuse_timing(monkeypatch)
     assert calibration.measure_verify_costs(tiny_target(), max_tokens=12, walk_head=head) == quick
-    monkeypatch.undo()  # timing allowed again
-    monkeypatch.setenv("HF_DYNASPEC_CACHE", str(disk_cache.parent))
+
+
+def test_a_full_measurement_is_read_before_a_quick_one(disk_cache, monkeypatch):
+    head = calibration.default_walk_head(tiny_target(), ("rows",), calibration.EXPECTED_WALK)
+    calibration.measure_verify_costs(tiny_target(), max_tokens=12, walk_head=head)  # disk, cold: quick
+    (quick_file,) = disk_cache.glob("*.json")
+    stored = json.loads(quick_file.read_text())
+    marker = [1.0] + [1000.0] * 11  # a table no timing of a tiny model gives: recognisable if read
+    quick_file.write_text(json.dumps({**stored, "value": marker}))
     monkeypatch.setenv(measured.ENV, "fresh")
     fresh_process(monkeypatch)
     full = calibration.measure_verify_costs(tiny_target(), max_tokens=12, walk_head=head)
+    assert len(list(disk_cache.glob("*.json"))) == 2 and list(full.costs) != marker  # both stored, own keys
     monkeypatch.setenv(measured.ENV, "disk")
     fresh_process(monkeypatch)
     refuse_timing(monkeypatch)

@@ -240,17 +240,16 @@ def timed_sizes(max_tokens: int) -> list[int]:
     return [*sizes, max_tokens]
 
 
-def _time_verify_costs(target: torch.nn.Module, max_tokens: int, walk_head: WalkHead | None,
-                       sizes: list[int] | None = None, repeats: int = CALIBRATION_REPEATS) -> list[float]:
-    """c(1..max_tokens): forwards of `sizes` (default `timed_sizes`; 1 and max_tokens among them) timed
-    `repeats` times after CALIBRATION_CONTEXT cached tokens, the rest interpolated linearly, made non-decreasing
-    (timing noise must not make a bigger forward look cheaper)."""
+def _time_verify_costs(target: torch.nn.Module, max_tokens: int, walk_head: WalkHead | None, sizes: list[int],
+                       repeats: int) -> list[float]:
+    """c(1..max_tokens): forwards of `sizes` (ascending, 1 and max_tokens among them) timed `repeats` times after
+    CALIBRATION_CONTEXT cached tokens, the rest interpolated linearly, made non-decreasing (timing noise must not
+    make a bigger forward look cheaper)."""
     cache = DynamicCache()
     ids = torch.randint(0, target.config.get_text_config().vocab_size, (1, CALIBRATION_CONTEXT))
     with torch.no_grad():
         target(input_ids=ids.to(target.device), cache=cache, use_cache=True)
     time_forward(target, cache, CALIBRATION_CONTEXT, max_tokens, 1, walk_head)  # warm-up
-    sizes = sizes or timed_sizes(max_tokens)
     timed = [time_forward(target, cache, CALIBRATION_CONTEXT, n, repeats, walk_head) for n in sizes]
     seconds = []
     for n in range(1, max_tokens + 1):
