@@ -41,3 +41,13 @@ def drafter(target):
     from helpers import tiny_drafter
 
     return tiny_drafter(target)
+
+
+@pytest.fixture(autouse=True)
+def fresh_policies():
+    """Each test's generate() calls start from the step policy's priors, not from what another test's calls
+    taught it (`hf_dynaspec.generation.learned`), so no test depends on the order tests run in."""
+    from hf_dynaspec.generation.learned import forget_policies
+
+    forget_policies()
+    yield

@@ -48,18 +48,20 @@ def test_bench_on_a_tiny_target(tmp_path, capsys):
     assert main(["init", "--target", "tiny", "--num-clusters", "8", "--out", str(drafter)]) == 0
     out = tmp_path / "bench"
     code = main(["bench", "--target", "tiny", "--drafter", str(drafter), "--limit", "2", "--max-new-tokens", "8",
-                 "--methods", "plain,dynaspec,full,dynaspec-dyspec,prompt-lookup", "--out", str(out)])
+                 "--methods", "plain,dynaspec[step_policy=off],full[step_policy=off],dynaspec-dyspec,prompt-lookup", "--out", str(out)])
     assert code == 0
     results = json.loads((out / "results.json").read_text())
     overall = {s["method"]: s for s in results["summaries"] if s["category"] == "overall"}
-    assert set(overall) == {"plain", "dynaspec", "full", "dynaspec-dyspec", "prompt-lookup"}
+    # the two heads verify their whole trees every step (short calls might otherwise not draft): twins by head
+    dynaspec, full = "dynaspec[step_policy=off]", "full[step_policy=off]"
+    assert set(overall) == {"plain", dynaspec, full, "dynaspec-dyspec", "prompt-lookup"}
     assert all(s["mismatches"] == 0 for s in overall.values())
     assert len(results["records"]) == 5 * 2 * 13  # methods x prompts per category x categories
-    assert "| overall | dynaspec |" in (out / "results.md").read_text()
+    assert f"| overall | {dynaspec} |" in (out / "results.md").read_text()
     assert (out / "speedup.png").is_file() and (out / "shortlist_vs_acceptance.png").is_file()
-    assert overall["full"]["shortlist_recall"] == 1.0  # the full head holds every token
-    assert 0.0 <= overall["dynaspec"]["shortlist_recall"] <= 1.0 and overall["plain"]["shortlist_recall"] is None
-    assert overall["dynaspec"]["extra"]["speedup_vs_full"] > 0
+    assert overall[full]["shortlist_recall"] == 1.0  # the full head holds every token
+    assert 0.0 <= overall[dynaspec]["shortlist_recall"] <= 1.0 and overall["plain"]["shortlist_recall"] is None
+    assert overall[dynaspec]["extra"]["speedup_vs_full"] > 0
     assert "of rows / columns / prefilter)" in results["meta"]["verify_head_auto"]  # greedy: all three timed
     assert all(len(r["output_ids"]) == r["new_tokens"] for r in results["records"] if r["method"] == "plain")
     assert all(r["output_ids"] is None for r in results["records"] if r["method"] != "plain")
@@ -75,14 +77,14 @@ def test_bench_on_a_tiny_target(tmp_path, capsys):
     bench.bench_prompt = lambda *a, **k: calls.append(a[3]["question_id"]) or original(*a, **k)
     try:
         assert main(["bench", "--target", "tiny", "--drafter", str(drafter), "--limit", "2", "--max-new-tokens",
-                     "8", "--methods", "plain,dynaspec,full,dynaspec-dyspec,prompt-lookup", "--out", str(out)]) == 0
+                     "8", "--methods", "plain,dynaspec[step_policy=off],full[step_policy=off],dynaspec-dyspec,prompt-lookup", "--out", str(out)]) == 0
     finally:
         bench.bench_prompt = original
     assert len(calls) == 2 * 13 - 1 and json.loads(lines[0])["question_id"] not in calls
     assert len(json.loads((out / "results.json").read_text())["records"]) == 5 * 2 * 13
     # a rerun with nothing left to measure keeps what verify_head="auto" took for the records
     assert main(["bench", "--target", "tiny", "--drafter", str(drafter), "--limit", "2", "--max-new-tokens", "8",
-                 "--methods", "plain,dynaspec,full,dynaspec-dyspec,prompt-lookup", "--out", str(out)]) == 0
+                 "--methods", "plain,dynaspec[step_policy=off],full[step_policy=off],dynaspec-dyspec,prompt-lookup", "--out", str(out)]) == 0
     assert "of rows / columns / prefilter)" in json.loads((out / "results.json").read_text())["meta"]["verify_head_auto"]
 
     # but never with other settings or another drafter: their records would mix with these
@@ -133,17 +135,20 @@ def test_bench_reports_host_reads_of_the_methods_that_count_them(tmp_path):
     drafter = tmp_path / "drafter"
     assert main(["init", "--target", "tiny", "--num-clusters", "8", "--out", str(drafter)]) == 0
     out = tmp_path / "bench"
-    methods = "plain,dynaspec,dynaspec[count_host_reads=true],dynaspec[count_host_reads=true,shortlist_layout=lanes]"
+    # whole trees every step: the two layouts' reads compared on the same drafted steps
+    methods = ("plain,dynaspec,dynaspec[count_host_reads=true,step_policy=off],"
+               "dynaspec[count_host_reads=true,shortlist_layout=lanes,step_policy=off]")
     assert main(["bench", "--target", "tiny", "--drafter", str(drafter), "--limit", "1", "--max-new-tokens", "8",
                  "--methods", methods, "--out", str(out)]) == 0
     overall = {s["method"]: s for s in json.loads((out / "results.json").read_text())["summaries"]
                if s["category"] == "overall"}
     assert "host_reads_per_step" not in overall["dynaspec"]["extra"]
-    union = overall["dynaspec[count_host_reads=true]"]["extra"]["host_reads_per_step"]
-    lanes = overall["dynaspec[count_host_reads=true,shortlist_layout=lanes]"]["extra"]["host_reads_per_step"]
+    union = overall["dynaspec[count_host_reads=true,step_policy=off]"]["extra"]["host_reads_per_step"]
+    lanes = overall["dynaspec[count_host_reads=true,shortlist_layout=lanes,step_policy=off]"]["extra"][
+        "host_reads_per_step"]
     assert 0 < lanes < union
     text = (out / "results.md").read_text()
-    assert "## Host reads" in text and "| dynaspec[count_host_reads=true] |" in text
+    assert "## Host reads" in text and "| dynaspec[count_host_reads=true,step_policy=off] |" in text
 
 
 def test_step_policy_flag_parses(capsys):

@@ -3,6 +3,7 @@ choice between plain, lookup and drafted steps, its reports, and greedy exactnes
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from helpers import greedy, prompt, speculative
 
 from hf_dynaspec import DynaSpecGenerationConfig
-from hf_dynaspec.generation import decoding
+from hf_dynaspec.generation import decoding, learned
 from hf_dynaspec.generation.calibration import measure_verify_costs
 from hf_dynaspec.generation.policy import (
     Calibration,
@@ -19,6 +20,7 @@ from hf_dynaspec.generation.policy import (
     VerifyCosts,
     acceptance_estimates,
     lookup_tree,
+    shrunk_rate,
     trim,
 )
 from hf_dynaspec.generation.tree import DraftTree, compact, graft_chain
@@ -51,10 +53,19 @@ def test_acceptance_estimates_multiply_along_paths_with_per_depth_calibration():
     assert tree.grafted.tolist() == [False, False, False, True, False]
     a = acceptance_estimates(tree, Calibration())  # kappa = 1, rho = 1/2 at every depth
     assert a == pytest.approx([1.0, 0.6, 0.3, 0.15, 0.24])
-    # depth 1: kappa = (1 + 3) / (1 + 1) = 2 caps 2 x 0.6 at 1; depth 2: kappa = 1 / 2, rho = (1 + 0) / (2 + 2)
+    # depth 1: kappa = (1 + 3) / (1 + 1) = 2 caps 2 x 0.6 at 1; depth 2 shrinks toward depth 1:
+    # kappa = (1 x 2 + 0) / (1 + 1) = 1, rho = (2 x 1/2 + 0) / (2 + 2) = 1/4
     calibration = Calibration(drafted_expected={1: 1.0, 2: 1.0}, drafted_accepted={1: 3.0},
                               lookup_tested={2: 2.0})
-    assert acceptance_estimates(tree, calibration) == pytest.approx([1.0, 1.0, 0.6, 0.15, 0.2])
+    assert acceptance_estimates(tree, calibration) == pytest.approx([1.0, 1.0, 0.6, 0.15, 0.4])
+
+
+def test_a_depth_seldom_reached_starts_from_the_depth_above():
+    hits, tested = {1: 95.0, 2: 47.0}, {1: 100.0, 2: 50.0}  # nothing seen at depth 3
+    r1 = shrunk_rate(hits, tested, 1, prior=0.5, weight=2.0)
+    r2 = shrunk_rate(hits, tested, 2, prior=0.5, weight=2.0)
+    assert r1 == pytest.approx(96 / 102) and r2 == pytest.approx((2 * r1 + 47) / 52)
+    assert shrunk_rate(hits, tested, 3, prior=0.5, weight=2.0) == pytest.approx(r2)  # not pulled back to 1/2
 
 
 def test_calibration_counts_the_children_of_the_accepted_path_per_depth():
@@ -63,7 +74,18 @@ def test_calibration_counts_the_children_of_the_accepted_path_per_depth():
     assert calibration.drafted_expected == pytest.approx({1: 0.9})
     assert calibration.drafted_accepted == {1: 1.0}
     assert (calibration.lookup_tested, calibration.lookup_accepted) == ({2: 1.0}, {2: 0.0})
-    assert calibration.kappa(1) == pytest.approx(2.0 / 1.9) and calibration.kappa(2) == 1.0
+    assert calibration.kappa(1) == pytest.approx(2.0 / 1.9)
+    assert calibration.kappa(2) == pytest.approx(2.0 / 1.9)  # no drafter node tested at depth 2: depth 1's
+
+
+def test_a_carried_calibration_keeps_its_rates_with_a_bounded_weight():
+    calibration = Calibration(drafted_expected={1: 200.0, 2: 3.0}, drafted_accepted={1: 150.0, 2: 3.0},
+                              lookup_tested={1: 500.0}, lookup_accepted={1: 400.0})
+    carried = calibration.carried(weight=16.0)
+    assert carried.drafted_expected == pytest.approx({1: 16.0, 2: 3.0})  # small counts are kept as they are
+    assert carried.drafted_accepted == pytest.approx({1: 12.0, 2: 3.0})
+    assert carried.lookup_accepted[1] / carried.lookup_tested[1] == pytest.approx(0.8)
+    assert carried.lookup_tested[1] == pytest.approx(16.0)
 
 
 @pytest.mark.parametrize(
@@ -119,7 +141,9 @@ def test_a_trusted_lookup_branch_is_verified_alone_when_the_drafter_is_unsure():
                                      drafted_expected={1: 20.0}, drafted_accepted={1: 1.0})
     plan = policy.plan([0.1], [7, 8], room=10)
     assert plan == Plan("lookup", lookup=(7, 8))
-    assert policy.expected(lookup_tree(0, plan.lookup)) == pytest.approx(1 + 20 / 22 + (20 / 22) ** 2)
+    rho_1 = 20 / 22
+    rho_2 = (2 * rho_1 + 19) / 22  # shrunk toward depth 1
+    assert policy.expected(lookup_tree(0, plan.lookup)) == pytest.approx(1 + rho_1 + rho_1 * rho_2)
 
 
 def with_costs(monkeypatch, costs):
@@ -143,6 +167,31 @@ def test_greedy_stays_exact_whatever_the_policy_chooses(target, drafter, tree_po
         assert stats.tree_nodes > stats.steps - stats.plain_steps and stats.predicted_steps > 0
         assert stats.predicted_accepted_length >= 1.0
     assert stats.summary()["setup_time_s"] > 0
+
+
+def test_the_next_call_starts_from_what_the_last_one_learned(target, drafter, monkeypatch, one_thread):
+    with_costs(monkeypatch, (1.0, 1.02, 1.04, 1.06, 1.08))
+    started, at_start, keys = [], [], []
+
+    def start(*args):
+        started.append(learned.start_policy(*args))
+        at_start.append(copy.deepcopy(started[-1]))
+        return started[-1]
+
+    monkeypatch.setattr(decoding, "start_policy", start)
+    monkeypatch.setattr(decoding, "keep_policy", lambda *args: keys.append(args[2]) or learned.keep_policy(*args))
+    learned.forget_policies(drafter)
+    for seed in (5, 6):
+        ids = prompt(9, seed=seed)
+        out = speculative(target, drafter, ids, num_draft_nodes=6, draft_depth=3, max_new_tokens=24)
+        assert torch.equal(out, greedy(target, ids, max_new_tokens=24))
+    assert at_start[0].calibration == Calibration() and at_start[0].level_seconds.value is None  # the priors
+    assert keys[0] == keys[1]  # the same settings: the same key
+    ended = started[0]  # as the first call left it
+    assert sum(ended.calibration.drafted_expected.values()) > 0
+    assert at_start[1].calibration == ended.calibration.carried()
+    assert at_start[1].level_seconds == ended.level_seconds and at_start[1].undrafted == 0
+    learned.forget_policies(drafter)
 
 
 def test_the_policy_off_verifies_the_whole_tree(target, drafter, one_thread):

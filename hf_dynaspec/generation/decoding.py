@@ -25,11 +25,12 @@ from transformers import DynamicCache, GenerationConfig
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
-from ..generation_config import resolve_draft_settings
+from ..generation_config import DraftSettings, resolve_draft_settings
 from ..modeling import DynaSpecDrafter
 from ..target_states import hidden_state_request, select_hidden_states
 from .calibration import measure_walk_head, step_costs
 from .candidates import DynaSpecCandidateGenerator
+from .learned import keep_policy, start_policy
 from .policy import Plan, StepPolicy, lookup_tree
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
 from .syncs import HostSyncCounter
@@ -129,16 +130,26 @@ def speculative_decode(
         if not run.finished:
             with run.stats.timer("setup"):
                 costs = step_costs(settings, target, run.walk_head)
-            policy = None if costs is None else StepPolicy(costs, settings.draft_depth)
+            key = policy_key(settings, generation_config)
+            policy = None if costs is None else start_policy(drafter, target, key, costs, settings.draft_depth)
             generator = DynaSpecCandidateGenerator(drafter, settings, run.stats,
                                                    max_length=generation_config.max_length)
             generator.extend(features, next_tokens, run.token_list[1:])
             with counting_host_reads(target, run.stats, settings.count_host_reads):
                 while not run.finished:
                     speculative_step(target, generator, run, policy)
+            if policy is not None:
+                keep_policy(drafter, target, key, policy)
     if streamer is not None:
         streamer.end()
     return build_output(run)
+
+
+def policy_key(settings: DraftSettings, generation_config: GenerationConfig) -> tuple:
+    """What a learned policy is carried across calls under: the draft settings and the sampling mode (what the
+    drafter proposes and how the target accepts it)."""
+    sampling = (generation_config.temperature, generation_config.top_k, generation_config.top_p)
+    return settings, bool(generation_config.do_sample), sampling if generation_config.do_sample else None
 
 
 @contextmanager

@@ -35,6 +35,7 @@ never trusts a draft: output is exact whatever the policy decides.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from .tree import DraftTree, VerifyTree, close_under_ancestors, compact, graft_c
 
 PROBE_EVERY = 8  # undrafted steps in a row before a drafted step refreshes the estimates
 DECAY = 0.8  # weight of the old value in the running means of costs and per-depth profiles
+CARRY_WEIGHT = 64.0  # tested nodes per depth that an earlier call's calibration is worth in the next call
 
 
 def are_positive_costs(values: object) -> bool:
@@ -74,7 +76,9 @@ class VerifyCosts:
 @dataclass
 class Calibration:
     """Per depth d (1-based): drafter nodes tested (sum of q) and accepted -> kappa_d; lookup nodes tested and
-    accepted -> rho_d. Priors: kappa = 1 (trust q) worth one observation, rho = 1/2 worth two."""
+    accepted -> rho_d. Each depth's prior is the depth above's estimate (kappa_0 = 1: trust q, worth one
+    observation; rho_0 = 1/2, worth two): a depth seldom reached starts from the rate of the one above it, not
+    from a fixed guess that a long accepted chain would contradict at every depth."""
 
     drafted_expected: dict[int, float] = field(default_factory=dict)
     drafted_accepted: dict[int, float] = field(default_factory=dict)
@@ -82,10 +86,10 @@ class Calibration:
     lookup_accepted: dict[int, float] = field(default_factory=dict)
 
     def kappa(self, depth: int) -> float:
-        return (1.0 + self.drafted_accepted.get(depth, 0.0)) / (1.0 + self.drafted_expected.get(depth, 0.0))
+        return shrunk_rate(self.drafted_accepted, self.drafted_expected, depth, prior=1.0, weight=1.0)
 
     def rho(self, depth: int) -> float:
-        return (1.0 + self.lookup_accepted.get(depth, 0.0)) / (2.0 + self.lookup_tested.get(depth, 0.0))
+        return shrunk_rate(self.lookup_accepted, self.lookup_tested, depth, prior=0.5, weight=2.0)
 
     def update(self, tree: VerifyTree, path: Sequence[int]) -> None:
         """Count the nodes whose parent is on the accepted `path`: each was tested by the target."""
@@ -99,6 +103,26 @@ class Calibration:
                             else (self.drafted_expected, self.drafted_accepted))
             tested[depth] = tested.get(depth, 0.0) + (1.0 if tree.grafted_list[node] else q[node])
             hits[depth] = hits.get(depth, 0.0) + accepted
+
+    def carried(self, weight: float = CARRY_WEIGHT) -> Calibration:
+        """This calibration as the prior of the next call: per depth and source, the counts scaled down to at
+        most `weight` tested (the rates kept, their weight bounded so that a new sequence moves them)."""
+        def scaled(tested: dict[int, float], hits: dict[int, float]) -> tuple[dict[int, float], dict[int, float]]:
+            factor = {d: min(1.0, weight / n) if n > 0 else 1.0 for d, n in tested.items()}
+            return ({d: n * factor[d] for d, n in tested.items()},
+                    {d: h * factor.get(d, 1.0) for d, h in hits.items()})
+        drafted = scaled(self.drafted_expected, self.drafted_accepted)
+        lookup = scaled(self.lookup_tested, self.lookup_accepted)
+        return Calibration(*drafted, *lookup)
+
+
+def shrunk_rate(hits: dict[int, float], tested: dict[int, float], depth: int, prior: float, weight: float) -> float:
+    """r_d = (weight * r_(d-1) + hits_d) / (weight + tested_d), r_0 = prior: each depth shrunk toward the one
+    above it."""
+    rate = prior
+    for d in range(1, depth + 1):
+        rate = (weight * rate + hits.get(d, 0.0)) / (weight + tested.get(d, 0.0))
+    return rate
 
 
 def conditional_draft_probs(tree: VerifyTree) -> list[float]:
@@ -211,6 +235,16 @@ class StepPolicy:
     level_seconds: Running = field(default_factory=Running)  # one drafter expansion
     undrafted: int = 0  # steps since the last drafted one
     shallow: int = 0  # drafted steps since the last one at full depth
+
+    def carried(self) -> StepPolicy:
+        """A policy for the next call of the same drafter, target and settings: what this one learned (the
+        calibration, as a bounded prior; the depth profile and the seconds) kept, its step counters reset."""
+        return StepPolicy(
+            costs=self.costs, max_depth=self.max_depth, probe_every=self.probe_every,
+            calibration=self.calibration.carried(), profile=copy.deepcopy(self.profile),
+            plain_seconds=copy.copy(self.plain_seconds), catch_up_seconds=copy.copy(self.catch_up_seconds),
+            level_seconds=copy.copy(self.level_seconds),
+        )
 
     def plan(self, root_probs: Sequence[float] | None, lookup: Sequence[int], room: int) -> Plan:
         """The best step given the root's draft probabilities (None: the drafter has not read the latest
