@@ -23,8 +23,8 @@ from transformers import DynamicCache
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.bench import write_doc_block
 from hf_dynaspec.bench_prompts import load_bench_prompts
+from hf_dynaspec.generation.cache import crop_cache
 from hf_dynaspec.generation.calibration import measure_walk_head, time_forward
-from hf_dynaspec.generation.verify import crop_cache
 from hf_dynaspec.generation.walk_head import LAYOUTS
 from hf_dynaspec.machine import machine_description
 from hf_dynaspec.targets import load_target

@@ -38,8 +38,8 @@ try:
     from hf_dynaspec import modeling as dynaspec_modeling  # noqa: F401
     from hf_dynaspec.clustering import VocabClusters  # noqa: F401
     from hf_dynaspec.generation import decoding  # noqa: F401
+    from hf_dynaspec.generation.cache import crop_cache  # noqa: F401
     from hf_dynaspec.generation.syncs import HostSyncCounter  # noqa: F401
-    from hf_dynaspec.generation.verify import crop_cache  # noqa: F401
     from hf_dynaspec.masks import target_masks  # noqa: F401
 
     PACKAGE_ERROR: str | None = None

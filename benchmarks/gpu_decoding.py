@@ -117,10 +117,11 @@ def count_syncs(target: torch.nn.Module, drafter: DynaSpecDrafter, ids: torch.Te
     steps: list[tuple[int, int, Counter[str]]] = []
     original = decoding.speculative_step
 
-    def counted(target_: torch.nn.Module, generator: Any, run: Any, *args: Any, **kwargs: Any) -> None:
+    def counted(target_: torch.nn.Module, batch: Any) -> None:
+        run = batch.rows[0]  # one sequence
         before = run.input_ids.shape[1]
         with HostSyncCounter() as counter:
-            original(target_, generator, run, *args, **kwargs)
+            original(target_, batch)
         steps.append((counter.total, run.input_ids.shape[1] - before, counter.counts))
 
     with mock.patch.object(decoding, "speculative_step", counted):

@@ -68,7 +68,7 @@ def step_inputs(generator: Any, positions: int) -> tuple[torch.Tensor, ...]:
 
 def run_once(generator: Any, inputs: tuple[torch.Tensor, ...], budget: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The step's children (F, k) and their log q, the drafter cache put back after."""
-    from hf_dynaspec.generation.verify import crop_cache
+    from hf_dynaspec.generation.cache import crop_cache
 
     _, _, (children, log_q) = generator._run_step(*inputs, budget)
     crop_cache(generator.cache, generator.committed)
@@ -78,7 +78,7 @@ def run_once(generator: Any, inputs: tuple[torch.Tensor, ...], budget: int) -> t
 def step_row(ctx: Context, eager: Any, graphed: Any, positions: int, budget: int) -> dict[str, Any]:
     """Eager and graphed times of one step shape, and whether both propose the same children (same seed: the
     same committed pairs and frontier)."""
-    from hf_dynaspec.generation.verify import crop_cache
+    from hf_dynaspec.generation.cache import crop_cache
 
     inputs = {}
     for name, generator in (("eager", eager), ("graphed", graphed)):

@@ -20,9 +20,11 @@ def causal_mask(length: int, past: int, dtype: torch.dtype, device: torch.device
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Boolean (T, K) -> float (1, 1, T, K) with 0 where allowed and the dtype's minimum elsewhere."""
+    """Boolean (T, K) or (B, T, K) -> float (1, 1, T, K) or (B, 1, T, K) with 0 where allowed and the dtype's
+    minimum elsewhere."""
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+    mask = mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None] if allowed.ndim == 2 else mask[:, None]
 
 
 # Attention kinds a target's layers may use (`config.layer_types`); tree verification supports these two.
@@ -57,16 +59,17 @@ def target_masks(
     key_positions: torch.Tensor,
     dtype: torch.dtype,
 ) -> torch.Tensor | dict[str, torch.Tensor]:
-    """4D additive mask(s) for a target forward whose queries may see `allowed` (T, K) keys: one tensor when all
-    layers share a kind, else one per kind. A sliding layer also drops keys at or beyond the window from each
-    query's own position (transformers' rule: key position > query position - window), so a tree node sees
-    the window counted from its own depth. Positions: (T,) and (K,) on the mask's device."""
+    """4D additive mask(s) for a target forward whose queries may see `allowed` (T, K) keys, or per row of a
+    batch (B, T, K): one tensor when all layers share a kind, else one per kind. A sliding layer also drops keys
+    at or beyond the window from each query's own position (transformers' rule: key position > query position -
+    window), so a tree node sees the window counted from its own depth. Positions: (T,) and (K,), or (B, T) and
+    (B, K), on the mask's device."""
     kinds, window = attention_kinds(config)
     masks = {}
     for kind in kinds:
         keep = allowed
         if kind == SLIDING:
-            keep = allowed & (key_positions[None, :] > query_positions[:, None] - window)  # (T, K)
+            keep = allowed & (key_positions.unsqueeze(-2) > query_positions.unsqueeze(-1) - window)  # (B?, T, K)
         masks[kind] = additive_mask(keep, dtype)
     # one kind: a tensor (every model takes a prepared 4D mask as it is); mixed kinds: transformers' mapping
     return next(iter(masks.values())) if len(masks) == 1 else masks

@@ -23,7 +23,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 
 import hf_dynaspec  # noqa: F401  (installs the generate() hook)
 from hf_dynaspec import DynaSpecConfig, DynaSpecDrafter, DynaSpecGenerationConfig
-from hf_dynaspec.generation import decoding
+from hf_dynaspec.generation import decoding, verifier
 from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
 from hf_dynaspec.generation.tree import DraftTree, Expand, Proposals, VerifyTree, grow_tree
 from hf_dynaspec.generation.verify import WalkResult
@@ -146,13 +146,15 @@ def speculative_greedy(case: Case) -> tuple[torch.Tensor, list[str]]:
     """Speculative output of `case`, and the invariant violations seen at each step (cache, walk)."""
     target, drafter = models(case.vocab_size, case.model_seed)
     problems: list[str] = []
-    original_step, original_walk = decoding.speculative_step, decoding.walk_tree
+    original_step, original_walk = decoding.speculative_step, verifier.walk_tree
 
-    def step_spy(target_, generator, run, *rest) -> None:
-        original_step(target_, generator, run, *rest)
-        cache_len, seq_len = run.cache.get_seq_length(), run.input_ids.shape[1]
-        if not run.finished and not cache_len == seq_len - 1 == generator.read_length:
-            problems.append(f"cache lengths target={cache_len} drafter={generator.read_length} sequence={seq_len}")
+    def step_spy(target_, batch) -> None:
+        original_step(target_, batch)
+        lengths = batch.verifier.keys.lengths.tolist()  # each running row's real keys in the target cache
+        for length, run in zip(lengths, batch.running_rows()):
+            seq_len, read = run.input_ids.shape[1], run.generator.read_length
+            if not length == seq_len - 1 == read:
+                problems.append(f"cache lengths target={length} drafter={read} sequence={seq_len}")
 
     def walk_spy(tree, *args, **kwargs) -> WalkResult:
         result = original_walk(tree, *args, **kwargs)
@@ -167,7 +169,7 @@ def speculative_greedy(case: Case) -> tuple[torch.Tensor, list[str]]:
     )
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(decoding, "speculative_step", step_spy))
-        stack.enter_context(mock.patch.object(decoding, "walk_tree", walk_spy))
+        stack.enter_context(mock.patch.object(verifier, "walk_tree", walk_spy))
         if case.oracle:
             stack.enter_context(mock.patch.object(decoding, "DynaSpecCandidateGenerator", OracleCandidateGenerator))
         out = target.generate(case_prompt(case), generation_config=config, assistant_model=drafter)

@@ -10,10 +10,11 @@ from hf_dynaspec import DynaSpecConfig, DynaSpecDrafter, DynaSpecGenerationConfi
 from hf_dynaspec.generation_config import DEFAULT_SETTINGS, resolve_draft_settings
 
 
-def test_batch_size_above_one_is_refused(target, drafter):
+def test_a_row_of_padding_only_is_refused(target, drafter):
     ids = torch.cat([prompt(5, seed=1), prompt(5, seed=2)])
-    with pytest.raises(ValueError, match="batch"):
-        target.generate(ids, assistant_model=drafter, max_new_tokens=4)
+    mask = torch.tensor([[1] * 5, [0] * 5])
+    with pytest.raises(ValueError, match="all padding"):
+        target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4, pad_token_id=0)
 
 
 def test_beam_search_is_refused(target, drafter):

@@ -159,3 +159,40 @@ def test_copying_a_layer_of_another_convention_is_refused():
         DynaSpecDrafter.from_target(target, num_clusters=8).init_layer_from_target(target)
     llama = family_target("llama")
     DynaSpecDrafter.from_target(llama, num_clusters=8).init_layer_from_target(llama)  # same convention: copied
+
+
+def left_padded(lengths: list[int], vocab_size: int, pad: int, seed: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random prompts of `lengths` left-padded with `pad` into one batch: input_ids and attention_mask (B, T)."""
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), pad)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        ids[row, width - length :] = prompt(length, vocab_size=vocab_size, seed=seed + row)[0]
+        mask[row, width - length :] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("batch", [2, 3, 8])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_batches_equal_plain_batched_greedy(family, batch):
+    """Rows of mixed prompt lengths (left padding), generation past the window, rows ending at different steps
+    (an EOS that one row emits early): every row equals plain greedy generate() of the same padded batch."""
+    target = family_target(family)
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=8).eval()
+    lengths = [12, 5, 9, 3, 14, 7, 11, 4][:batch]
+    ids, mask = left_padded(lengths, 96, pad=1)
+    plain = target.generate(ids, attention_mask=mask, max_new_tokens=2 * WINDOW, do_sample=False, pad_token_id=1)
+    width = ids.shape[1]
+    eos = next(int(t) for t in plain[0, width + 3 :] if len(set(first_emitted(plain[:, width:], int(t)))) > 1)
+    kwargs = dict(attention_mask=mask, max_new_tokens=2 * WINDOW, do_sample=False, pad_token_id=1, eos_token_id=eos)
+    expected = target.generate(ids, **kwargs)
+    config = dict(tree_policy="eagle2" if batch != 3 else "dyspec", num_draft_nodes=10, draft_depth=4,
+                  lookup_num_tokens=4)
+    got = target.generate(ids, assistant_model=drafter, **config, **kwargs)
+    assert torch.equal(got, expected)
+    assert len(set(first_emitted(got[:, width:], eos))) > 1  # rows ended at different steps (or not at all)
+
+
+def first_emitted(generated: torch.Tensor, token: int) -> list[int | None]:
+    """Per row (B, N): the step at which `token` is first emitted (None: never)."""
+    return [row.index(token) if token in row else None for row in generated.tolist()]

@@ -10,10 +10,10 @@ import pytest
 import torch
 from helpers import greedy, prompt, speculative, tiny_drafter, tiny_target
 
+from hf_dynaspec.generation.cache import crop_cache
 from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
 from hf_dynaspec.generation.fixed_tree import FixedPool, capacity, grow_eagle2_fixed, select_nodes
 from hf_dynaspec.generation.syncs import HostSyncCounter
-from hf_dynaspec.generation.verify import crop_cache
 from hf_dynaspec.generation_config import resolve_draft_settings
 
 

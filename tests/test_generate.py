@@ -119,9 +119,11 @@ def test_target_cache_holds_prompt_plus_accepted(target, drafter, monkeypatch):
     lengths = []
     original = decoding.speculative_step
 
-    def spy(target_, generator, run, *rest):
-        original(target_, generator, run, *rest)
-        lengths.append((run.cache.get_seq_length(), run.input_ids.shape[1], generator.read_length, run.finished))
+    def spy(target_, batch):
+        original(target_, batch)
+        run = batch.rows[0]
+        lengths.append((batch.verifier.cache.get_seq_length(), run.input_ids.shape[1], run.generator.read_length,
+                        run.finished))
 
     monkeypatch.setattr(decoding, "speculative_step", spy)
     ids = prompt(6, seed=9)

@@ -13,8 +13,8 @@ from transformers.cache_utils import Cache, StaticLayer
 
 from hf_dynaspec import generation_config
 from hf_dynaspec.generation import graphs
+from hf_dynaspec.generation.cache import crop_cache
 from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
-from hf_dynaspec.generation.verify import crop_cache
 from hf_dynaspec.generation_config import resolve_draft_settings
 
 

@@ -148,7 +148,7 @@ def test_a_trusted_lookup_branch_is_verified_alone_when_the_drafter_is_unsure():
 
 def with_costs(monkeypatch, costs):
     """Make generate() plan with a given cost table instead of measuring one."""
-    monkeypatch.setattr(decoding, "step_costs", lambda settings, target, walk_head: VerifyCosts(costs))
+    monkeypatch.setattr(decoding, "step_costs", lambda settings, target, walk_head, batch=1: VerifyCosts(costs))
 
 
 @pytest.mark.parametrize("costs", [(1.0, 1.02, 1.3, 1.6), (1.0, 5.0), (1.0,) * 4])

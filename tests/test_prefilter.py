@@ -103,7 +103,7 @@ def test_auto_leaves_the_prefilter_out_when_sampling(target, drafter, monkeypatc
         asked.append(layouts)
         return WalkHead.of(model, layout=layouts[0])
 
-    monkeypatch.setattr("hf_dynaspec.generation.decoding.measure_walk_head", measured)
+    monkeypatch.setattr("hf_dynaspec.generation.calibration.measure_walk_head", measured)
     for do_sample in (False, True):
         config = DynaSpecGenerationConfig(max_new_tokens=4, do_sample=do_sample)
         target.generate(prompt(5), generation_config=config, assistant_model=drafter)

@@ -27,10 +27,11 @@ def test_syncs_per_step_do_not_grow_with_the_tree(target, monkeypatch, head_mode
     steps: list[tuple[int, int]] = []  # (host reads, tokens emitted) per step
     original = decoding.speculative_step
 
-    def counted(target_, generator, run, *rest):
+    def counted(target_, batch):
+        run = batch.rows[0]
         before = run.input_ids.shape[1]
         with HostSyncCounter() as counter:
-            original(target_, generator, run, *rest)
+            original(target_, batch)
         steps.append((counter.total, run.input_ids.shape[1] - before))
 
     monkeypatch.setattr(decoding, "speculative_step", counted)

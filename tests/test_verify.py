@@ -8,7 +8,7 @@ from helpers import prompt
 from transformers import DynamicCache, Gemma2Config, Gemma2ForCausalLM
 
 from hf_dynaspec import DynaSpecGenerationConfig
-from hf_dynaspec.generation import decoding, verify
+from hf_dynaspec.generation import calibration, verifier, verify
 from hf_dynaspec.generation.tree import DraftTree, compact
 from hf_dynaspec.generation.walk_head import WalkHead, choose_walk_head, walk_cost
 
@@ -53,7 +53,7 @@ def test_both_logit_paths_are_exact(target, drafter, walk_logits, layout, monkey
 
     monkeypatch.setattr(WalkHead, "reproduces", lambda *args: walk_logits)
     # rows past the second: on demand
-    monkeypatch.setattr(decoding, "measure_walk_head", lambda target, layouts: WalkHead.of(target, 2, layout))
+    monkeypatch.setattr(calibration, "measure_walk_head", lambda target, layouts: WalkHead.of(target, 2, layout))
     monkeypatch.setattr(verify.NodeLogits, "row", counting_row)
     ids = prompt(7, seed=4)
     config = DynaSpecGenerationConfig(tree_policy="eagle2", num_draft_nodes=10, draft_depth=4, draft_top_k=3,
@@ -88,7 +88,7 @@ def test_walk_rows_match_the_full_logits(target, layout):
         with torch.no_grad():
             target(input_ids=prompt(6), cache=cache, use_cache=True)
             head = WalkHead.of(target, 3, layout) if walk_logits else None
-            logits, _ = verify.verify_forward(target, cache, tree, past_length=6, walk_head=head)
+            logits, _ = verifier.verify_forward(target, cache, tree, past_length=6, walk_head=head)
             rows[walk_logits] = torch.cat([logits.row(i) for i in range(tree.num_nodes)])  # (n, V)
         if walk_logits:
             assert sorted(logits.rows) == list(range(tree.num_nodes))  # after reading every row

@@ -1,8 +1,9 @@
 """Calibration: what the target's work costs on this machine, measured, never assumed.
 
-- `measure_verify_costs`: how much a target forward over n tokens costs here, in decoding steps (the c(n) of
-  `policy.py`), timing forwards shaped as verifications (4D mask, explicit positions, hidden states, walk
-  logits as `verify.verify_forward` computes them); `step_costs` gives the step policy its table.
+- `measure_verify_costs`: how much a target forward over n tree tokens per row of a batch costs here, in
+  decoding steps (the c(n) of `policy.py`), timing the verifier's own forward (`verifier.Verifier.forward` and
+  its walk logits); `step_costs` gives the step policy its table.
+- `walk_head_for`: which layout verification applies the LM head in (measured by `measure_walk_head`).
 - `measure_walk_head`: how the CPU walk path applies the target's LM head (`walk_head.WalkHead`): in which
   weight layout, and how many rows the verification pass computes at once, from both layouts timed for 1..8
   rows (how BLAS fares with a few rows, and which layout it prefers, depends on the machine and the head's shape).
@@ -23,11 +24,11 @@ import torch
 from transformers import DynamicCache
 
 from ..generation_config import DraftSettings
-from ..masks import target_masks
 from . import measured
-from .policy import VerifyCosts, are_positive_costs
-from .verify import crop_cache
-from .walk_head import GREEDY_LAYOUTS, LAYOUTS, WalkHead, choose_walk_head
+from .cache import KeyLayout, crop_cache
+from .policy import VerifyCosts, are_positive_costs, lookup_tree
+from .verifier import Verifier
+from .walk_head import GREEDY_LAYOUTS, LAYOUTS, WalkHead, choose_walk_head, prefilter_blocker
 
 CALIBRATION_CONTEXT = 128  # cached tokens under the timed forwards (the cost barely moves with context)
 CALIBRATION_REPEATS = 3  # median of this many timed forwards per size
@@ -143,32 +144,27 @@ def _median_seconds(fn, repeats: int, device: torch.device, after=None) -> float
 @torch.no_grad()
 def time_forward(
     target: torch.nn.Module, cache: DynamicCache, context: int, n: int, repeats: int,
-    walk_head: WalkHead | None = None,
+    walk_head: WalkHead | None = None, batch: int = 1,
 ) -> float:
-    """Median seconds of a target forward over n new tokens after `context` cached ones, shaped as a
-    verification (4D mask, explicit positions, last hidden state; with a `walk_head`, logits for the first
-    `walk_head.rows` tokens only, in its layout, as `verify_forward`). The cache is cropped back after each run.
+    """Median seconds of the verifier's own forward (`Verifier.forward`, then its walk logits) over a chain of n
+    nodes per row for `batch` rows after `context` cached ones. The cache is cropped back after each run.
 
     The "prefilter" layout's picks cost what its rescoring finds to rescore, which depends on how peaked the
     logits are: the hidden states of random tokens are far flatter than a real context's and leave thousands of
     candidates. So its rows are not timed on them: the forward is timed without them and the layout's own timing
-    of those rows (`walk_head.seconds`, measured on a fixed input, or timed here on one) is added."""
+    of those rows (`walk_head.seconds`, measured on a fixed input, or timed here on one) is added per row."""
     device = target.device
-    ids = torch.randint(0, target.config.get_text_config().vocab_size, (1, n), device=device)
-    allowed = torch.ones(n, context + n, dtype=torch.bool, device=device).tril(diagonal=context)
-    key_positions = torch.arange(context + n, device=device)
-    mask = target_masks(target.config, allowed, key_positions[context:], key_positions, target.dtype)
-    positions = key_positions[None, context:]  # (1, n)
-    rows = list(range(min(n, walk_head.rows))) if walk_head else []
-    keep = {"logits_to_keep": walk_head.logits_to_keep(rows, device)} if walk_head else {}
+    tokens = torch.randint(0, target.config.get_text_config().vocab_size, (n,)).tolist()
+    trees = [lookup_tree(tokens[0], tokens[1:])] * batch  # a chain of n nodes per row
+    verifier = Verifier(target, cache, KeyLayout.dense(batch, context, device), walk_head)
+    walk_rows = verifier.walk_rows(trees)
     greedy_rows = walk_head is not None and walk_head.layout in GREEDY_LAYOUTS
-    picks_seconds = greedy_pick_seconds(target, walk_head, len(rows), repeats) if greedy_rows else 0.0
+    picks_seconds = batch * greedy_pick_seconds(target, walk_head, len(walk_rows[0]), repeats) if greedy_rows else 0.0
 
     def forward() -> None:
-        out = target(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-                     output_hidden_states=True, **keep)
+        out = verifier.forward(trees, walk_rows)
         if walk_head is not None and not greedy_rows:
-            walk_head.walk(out, rows)  # the walk rows' logits, as verify_forward reads them
+            verifier.node_logits(out, trees, walk_rows)  # the walk rows' logits, as verification reads them
 
     seconds = _median_seconds(forward, repeats, device, after=lambda: crop_cache(cache, context))  # drop the n tokens
     return seconds + picks_seconds
@@ -189,23 +185,25 @@ def greedy_pick_seconds(target: torch.nn.Module, walk_head: WalkHead, rows: int,
 
 
 def measure_verify_costs(
-    target: torch.nn.Module, max_tokens: int = 17, walk_head: WalkHead | None | str = "auto"
+    target: torch.nn.Module, max_tokens: int = 17, walk_head: WalkHead | None | str = "auto", batch: int = 1,
 ) -> VerifyCosts:
-    """c(1..max_tokens) of `target` as it verifies here (same device, dtype, threads), relative to c(1);
-    `walk_head` as verification computes logits ("auto": `measure_walk_head` on CPU, all rows elsewhere).
-    Forwards over `timed_sizes` tokens are timed (c linear between them); kept on disk per target shape and
-    machine (`measured`) and memoised per target and setting."""
+    """c(1..max_tokens) of `target` as it verifies `batch` rows here (same device, dtype, threads): a forward over
+    n tree tokens per row, relative to c(1) (one plain batched step); `walk_head` as verification computes
+    logits ("auto": `measure_walk_head` on CPU, all rows elsewhere). Forwards over `timed_sizes` tokens are timed
+    (c linear between them); kept on disk per target shape, batch size and machine (`measured`) and memoised per
+    target and setting."""
     if walk_head == "auto":
         walk_head = measure_walk_head(target) if target.device.type == "cpu" else None
     walk = (walk_head.layout, walk_head.rows) if walk_head else None
-    key = (max_tokens, walk, str(target.device), target.dtype, torch.get_num_threads())
+    key = (max_tokens, walk, str(target.device), target.dtype, torch.get_num_threads(), batch)
     memo = _MEASURED.setdefault(target, {})
     if key not in memo:
-        memo[key] = VerifyCosts(tuple(_stored_or_timed_costs(target, max_tokens, walk_head)))
+        memo[key] = VerifyCosts(tuple(_stored_or_timed_costs(target, max_tokens, walk_head, batch)))
     return memo[key]
 
 
-def _stored_or_timed_costs(target: torch.nn.Module, max_tokens: int, walk_head: WalkHead | None) -> list[float]:
+def _stored_or_timed_costs(target: torch.nn.Module, max_tokens: int, walk_head: WalkHead | None, batch: int
+                           ) -> list[float]:
     """c(1..max_tokens) from disk (a full measurement before a quick one), else timed: in full (`timed_sizes`,
     CALIBRATION_REPEATS each) when `measured.thorough()`, else quickly (`quick_sizes`, QUICK_REPEATS each: a cold
     first call), and stored under its own key."""
@@ -213,16 +211,18 @@ def _stored_or_timed_costs(target: torch.nn.Module, max_tokens: int, walk_head: 
     keys = {quick: measured.measurement_key(target, "verify_costs", dict(
         max_tokens=max_tokens, walk=walk, context=CALIBRATION_CONTEXT,
         repeats=QUICK_REPEATS if quick else CALIBRATION_REPEATS, quick=quick,
-        greedy_picks="timed apart")) for quick in (False, True)}  # how "prefilter" rows enter c(n) (`time_forward`)
+        greedy_picks="timed apart", **({"batch": batch} if batch > 1 else {})))
+        for quick in (False, True)}  # how "prefilter" rows enter c(n) (`time_forward`)
     for quick in (False, True):
         stored = measured.load(keys[quick])
         if are_positive_costs(stored) and len(stored) == max_tokens:
             return stored
     quick = not measured.thorough()
     sizes = quick_sizes(max_tokens) if quick else timed_sizes(max_tokens)
-    costs = _time_verify_costs(target, max_tokens, walk_head, sizes, QUICK_REPEATS if quick else CALIBRATION_REPEATS)
+    costs = _time_verify_costs(target, max_tokens, walk_head, sizes, QUICK_REPEATS if quick else CALIBRATION_REPEATS,
+                               batch)
     measured.save(keys[quick], costs, f"verify costs c(1..{max_tokens}) of {type(target).__name__}, {target.dtype}, "
-                  f"walk head {walk}, {'quick: sizes ' + str(sizes) if quick else 'full'}")
+                  f"batch {batch}, walk head {walk}, {'quick: sizes ' + str(sizes) if quick else 'full'}")
     return costs
 
 
@@ -241,16 +241,16 @@ def timed_sizes(max_tokens: int) -> list[int]:
 
 
 def _time_verify_costs(target: torch.nn.Module, max_tokens: int, walk_head: WalkHead | None, sizes: list[int],
-                       repeats: int) -> list[float]:
+                       repeats: int, batch: int = 1) -> list[float]:
     """c(1..max_tokens): forwards of `sizes` (ascending, 1 and max_tokens among them) timed `repeats` times after
     CALIBRATION_CONTEXT cached tokens, the rest interpolated linearly, made non-decreasing (timing noise must not
     make a bigger forward look cheaper)."""
     cache = DynamicCache()
-    ids = torch.randint(0, target.config.get_text_config().vocab_size, (1, CALIBRATION_CONTEXT))
+    ids = torch.randint(0, target.config.get_text_config().vocab_size, (batch, CALIBRATION_CONTEXT))
     with torch.no_grad():
         target(input_ids=ids.to(target.device), cache=cache, use_cache=True)
-    time_forward(target, cache, CALIBRATION_CONTEXT, max_tokens, 1, walk_head)  # warm-up
-    timed = [time_forward(target, cache, CALIBRATION_CONTEXT, n, repeats, walk_head) for n in sizes]
+    time_forward(target, cache, CALIBRATION_CONTEXT, max_tokens, 1, walk_head, batch)  # warm-up
+    timed = [time_forward(target, cache, CALIBRATION_CONTEXT, n, repeats, walk_head, batch) for n in sizes]
     seconds = []
     for n in range(1, max_tokens + 1):
         right = next(i for i, size in enumerate(sizes) if size >= n)
@@ -262,15 +262,58 @@ def _time_verify_costs(target: torch.nn.Module, max_tokens: int, walk_head: Walk
     return [max(seconds[: n + 1]) / seconds[0] for n in range(len(seconds))]
 
 
-def step_costs(settings: DraftSettings, target: torch.nn.Module, walk_head: WalkHead | None) -> VerifyCosts | None:
-    """The verification costs the step policy plans with (None with `step_policy="off"`): c(1..n) for the
-    largest tree the settings allow (root + drafts + lookup branch, MAX_MEASURED at most)."""
+def step_costs(settings: DraftSettings, target: torch.nn.Module, walk_head: WalkHead | None, batch: int = 1
+               ) -> VerifyCosts | None:
+    """The verification costs the step policy plans with at `batch` rows (None with `step_policy="off"`):
+    c(1..n) for the largest tree the settings allow (root + drafts + lookup branch, MAX_MEASURED at most),
+    measured at the power of two at or above `batch` (a few sizes cover every batch)."""
     if settings.step_policy == "off":
         return None
     largest = 1 + settings.num_draft_nodes + settings.lookup_num_tokens
-    return measure_verify_costs(target, min(largest, MAX_MEASURED), walk_head)
+    return measure_verify_costs(target, min(largest, MAX_MEASURED), walk_head, batch_bucket(batch))
+
+
+def batch_bucket(batch: int) -> int:
+    """The power of two at or above `batch` (1, 2, 4, 8, ...)."""
+    return 1 << max(0, batch - 1).bit_length()
 
 
 def _synchronize(device: torch.device) -> None:
     if device.type != "cpu" and hasattr(torch, "accelerator"):
         torch.accelerator.synchronize(device)
+
+
+def walk_head_for(target: torch.nn.Module, wanted: str, greedy_only: bool, hidden: torch.Tensor, raw: torch.Tensor
+                  ) -> WalkHead | None:
+    """How verification applies the target's LM head (None: every node's logits in the verification pass).
+
+    On CPU the head's cost grows with its rows: "auto" applies it only along the walk, in the layout and with the
+    rows at once that are cheapest here (measured once per target), the greedy-only "prefilter" among them when
+    `greedy_only` (no sampling, logits processors or kept scores) and the head qualifies; a target whose logits
+    its head does not reproduce from the final hidden state (1, d) (`raw` (1, V): unknown post-processing)
+    verifies with full logits. A named layout is used as asked, or refused with the reason."""
+    if wanted == "full":
+        return None
+    walk_path = (target.device.type == "cpu" and target.get_output_embeddings() is not None
+                 and target._supports_logits_to_keep())
+    if not walk_path:
+        if wanted == "auto":
+            return None
+        raise ValueError(f"verify_head={wanted!r} applies the LM head along the walk, for a CPU target whose model "
+                         f"takes `logits_to_keep`; this one runs on {target.device.type!r}. Use 'auto' or 'full'.")
+    blocker = prefilter_blocker(target) if greedy_only else (
+        "it gives greedy picks only: do_sample=False with no logits processors (such as repetition_penalty) and "
+        "no output_scores / output_logits")
+    if wanted == "prefilter" and blocker is not None:
+        raise ValueError(f"verify_head='prefilter' cannot apply: {blocker}. Use 'auto' or another layout.")
+    if wanted == "auto":
+        layouts = ("rows", "columns") + (("prefilter",) if blocker is None else ())
+    else:
+        layouts = (wanted,)
+    walk_head = measure_walk_head(target, layouts=layouts)
+    if walk_head.reproduces(hidden, raw):
+        return walk_head
+    if wanted != "auto":
+        raise ValueError(f"verify_head={wanted!r}: this target's logits are not its LM head's output (post-processing"
+                         " the walk head does not know). Use 'full' or 'auto'.")
+    return None

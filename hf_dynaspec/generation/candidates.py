@@ -37,12 +37,13 @@ from ..generation_config import DraftSettings, resolve_draft_settings
 from ..head import CONTEXT_MODES, ContextColumns, HeadOutput
 from ..masks import additive_mask, causal_mask
 from . import graphs as step_graphs
+from .cache import crop_cache
 from .fixed_tree import Expand as FixedExpand
 from .fixed_tree import FixedPool, capacity, graft_fixed, grow_eagle2_fixed, read_tree
 from .lookup import find_continuation
 from .stats import SpeculativeStats
 from .tree import DraftTree, Expand, Proposals, VerifyTree, compact, depth_limits, grow_tree
-from .verify import WalkResult, crop_cache
+from .verify import WalkResult
 
 if TYPE_CHECKING:
     from ..modeling import DynaSpecDrafter

@@ -1,14 +1,17 @@
-"""The decoding loop: prefill, then (draft a tree -> verify it -> emit the accepted path) until done.
+"""The decoding loop: prefill, then (draft a tree per row -> verify every row's tree in one forward -> commit
+each row's accepted path) until every row is done.
 
-Three files make the decoding path, each handing the next what it needs through arguments and return values:
-this loop, drafting (`candidates.py`: `extend`, `draft -> VerifyTree`, `accept`) and verification
-(`verify.py`: `verify_forward -> (logits, hidden)`, `walk_tree -> WalkResult`, `keep_accepted`).
+Three parts make the decoding path, each handing the next what it needs through arguments and return values:
+this loop, drafting (`candidates.py`, one generator per row: `extend`, `draft -> VerifyTree`, `accept`) and
+verification (`verifier.Verifier`: `verify(trees) -> walks`, `commit(paths)`).
 
-`speculative_decode` is what `target.generate(..., assistant_model=drafter)` runs (see `hook.py`). It receives
-what transformers prepared (processors, stopping criteria, cache, streamer) and returns transformers' own
-output types, so streamers, stop strings, EOS, `max_new_tokens` and `return_dict_in_generate` behave as in
-plain decoding. Tokens are appended one at a time through the stopping criteria, so generation ends exactly
-where plain decoding would, even inside an accepted path.
+`speculative_decode` is what `target.generate(..., assistant_model=drafter)` runs (see `hook.py`), for a batch
+of left-padded rows (B, T) or one sequence. It receives what transformers prepared (processors, stopping
+criteria, cache, streamer) and returns transformers' own output types, so stop strings, EOS, `max_new_tokens`,
+`num_return_sequences` and `return_dict_in_generate` behave as in plain decoding. Tokens are appended one at a
+time through the stopping criteria, per row, so each row ends exactly where plain decoding would end it, even
+inside an accepted path; a row that has ended leaves the batch (no more drafting or verification) and its
+output is padded with `pad_token_id` as plain decoding pads it.
 
     python examples/generate.py --tiny
 """
@@ -22,34 +25,29 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, GenerationConfig
-from transformers.generation.logits_process import LogitsProcessorList
+from transformers.generation.logits_process import LogitsProcessorList, PrefixConstrainedLogitsProcessor
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 from ..generation_config import DraftSettings, resolve_draft_settings
 from ..modeling import DynaSpecDrafter
 from ..target_states import hidden_state_request, select_hidden_states
-from .calibration import measure_walk_head, step_costs
+from .cache import KeyLayout
+from .calibration import step_costs, walk_head_for
 from .candidates import DynaSpecCandidateGenerator
 from .learned import keep_policy, start_policy
 from .policy import Plan, StepPolicy, lookup_tree
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
 from .syncs import HostSyncCounter
 from .tree import VerifyTree
-from .verify import (
-    keep_accepted,
-    verify_forward,
-    walk_tree,
-)
-from .walk_head import WalkHead, prefilter_blocker
+from .verifier import Verifier
 
 
 @dataclass
 class _Run:
-    """State of one generate() call."""
+    """One row of a generate() call: its sequence, and the drafter and step policy that serve it."""
 
     input_ids: torch.LongTensor  # (1, L + 1): committed tokens, the root (last token) not yet in the cache
     padding: torch.LongTensor  # (1, P) left padding: seen by processors and stopping criteria, not the model
-    cache: DynamicCache
     generation_config: GenerationConfig
     logits_processor: LogitsProcessorList
     stopping_criteria: StoppingCriteriaList
@@ -59,12 +57,17 @@ class _Run:
     scores: list[torch.Tensor] = field(default_factory=list)
     raw_logits: list[torch.Tensor] = field(default_factory=list)
     finished: bool = False
-    walk_head: WalkHead | None = None  # verification computes LM-head rows along the likeliest walk (prefill)
     token_list: list[int] = field(default_factory=list)  # input_ids[0] on the host, kept by `emit`
+    generator: DynaSpecCandidateGenerator | None = None
+    policy: StepPolicy | None = None
 
     def full_ids(self) -> torch.LongTensor:
         """The sequence as plain generate() sees it, left padding included."""
         return torch.cat([self.padding, self.input_ids], dim=-1) if self.padding.numel() else self.input_ids
+
+    def room(self) -> int:
+        """Drafts a path may still hold (tokens left before max_length, less the bonus token)."""
+        return self.generation_config.max_length - self.full_ids().shape[1] - 1
 
     def emit(self, tokens: list[int], scores: list[torch.Tensor], raw: list[torch.Tensor]) -> int:
         """Append tokens until a stopping criterion fires; returns how many were kept. The criteria see every
@@ -89,6 +92,22 @@ class _Run:
         return kept
 
 
+@dataclass
+class _Batch:
+    """A generate() call: every row (input order), the verifier of the rows still decoding (`running`: their
+    indices, in the verifier's cache order) and the call's own statistics (setup, prefill, verify; with one row,
+    that row's statistics object)."""
+
+    rows: list[_Run]
+    verifier: Verifier
+    running: list[int]
+    stats: SpeculativeStats
+    settings: DraftSettings
+
+    def running_rows(self) -> list[_Run]:
+        return [self.rows[i] for i in self.running]
+
+
 def speculative_decode(
     target: torch.nn.Module,
     input_ids: torch.LongTensor,
@@ -99,50 +118,125 @@ def speculative_decode(
     streamer: object | None = None,
     model_kwargs: dict | None = None,
 ) -> DynaSpecGenerateOutput | torch.LongTensor:
-    """Lossless tree speculative decoding of a batch-1 prompt; see the module docstring."""
+    """Lossless tree speculative decoding of a batch of prompts (B, T); see the module docstring."""
     model_kwargs = model_kwargs or {}
+    check_generation_inputs(input_ids, generation_config, model_kwargs, streamer,
+                            getattr(target.generation_config, "cache_implementation", None), logits_processor)
     settings = resolve_draft_settings(generation_config, drafter.generation_config, drafter.config,
                                       target.device.type)
     stats = SpeculativeStats(synchronize=settings.synchronize_timers)
     with stats.timer("setup"):
         drafter.bind(target)
-    padding, input_ids = strip_left_padding(input_ids, model_kwargs.get("attention_mask"))
-    check_generation_inputs(input_ids, generation_config)
+    rows, ids, attention_mask = split_rows(input_ids, model_kwargs.get("attention_mask"), generation_config,
+                                           logits_processor, stopping_criteria, streamer, stats)
+    with torch.no_grad():
+        batch, features, next_tokens = prefill(target, rows, ids, attention_mask, drafter.config.feature_layer_ids,
+                                               settings, stats)
+        if batch.running:
+            start_rows(batch, target, drafter, features, next_tokens)
+            with counting_host_reads(target, stats, settings.count_host_reads):
+                while batch.running:
+                    speculative_step(target, batch)
+            policies = [row.policy for row in rows if row.policy is not None]
+            if policies:  # the policy of the row that decoded longest: the most it learned
+                longest = max(policies, key=lambda p: sum(p.calibration.drafted_expected.values()))
+                keep_policy(drafter, target, policy_key(settings, generation_config), longest)
+    if streamer is not None:
+        streamer.end()
+    return build_output(batch, generation_config)
+
+
+def split_rows(input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, generation_config: GenerationConfig,
+               logits_processor: LogitsProcessorList, stopping_criteria: StoppingCriteriaList,
+               streamer: object | None, stats: SpeculativeStats
+               ) -> tuple[list[_Run], torch.LongTensor, torch.Tensor | None]:
+    """One `_Run` per row (its left padding apart), and what the target's cache holds: the batch without the
+    padding columns every row shares (B, T') and its attention mask (None: no padding left)."""
+    batch = input_ids.shape[0]
+    mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    pads = [left_padding(mask[b]) for b in range(batch)]
     keep_scores = bool(
         generation_config.return_dict_in_generate
         and (generation_config.output_scores or generation_config.output_logits)
     )
-    run = _Run(
-        input_ids=input_ids,
-        padding=padding,
-        # a cache of full layers (no config): sliding-window layers keep every position and the tree masks apply
-        # each node's window, so rejected drafts never evict a token a later step still sees
-        cache=DynamicCache(),
-        generation_config=generation_config,
-        logits_processor=logits_processor,
-        stopping_criteria=stopping_criteria,
-        streamer=streamer,
-        stats=stats,
-        keep_scores=keep_scores,
-    )
-    with torch.no_grad():
-        features, next_tokens = prefill(target, run, drafter.config.feature_layer_ids, settings.verify_head)
-        if not run.finished:
-            with run.stats.timer("setup"):
-                costs = step_costs(settings, target, run.walk_head)
-            key = policy_key(settings, generation_config)
-            policy = None if costs is None else start_policy(drafter, target, key, costs, settings.draft_depth)
-            generator = DynaSpecCandidateGenerator(drafter, settings, run.stats,
-                                                   max_length=generation_config.max_length)
-            generator.extend(features, next_tokens, run.token_list[1:])
-            with counting_host_reads(target, run.stats, settings.count_host_reads):
-                while not run.finished:
-                    speculative_step(target, generator, run, policy)
-            if policy is not None:
-                keep_policy(drafter, target, key, policy)
-    if streamer is not None:
-        streamer.end()
-    return build_output(run)
+    rows = [
+        _Run(input_ids=input_ids[b : b + 1, pad:], padding=input_ids[b : b + 1, :pad],
+             generation_config=generation_config, logits_processor=logits_processor,
+             stopping_criteria=stopping_criteria, streamer=streamer,
+             stats=stats if batch == 1 else SpeculativeStats(synchronize=stats.synchronize), keep_scores=keep_scores)
+        for b, pad in enumerate(pads)
+    ]
+    shared = min(pads)
+    ids, mask = input_ids[:, shared:], mask[:, shared:]
+    return rows, ids, None if bool(mask.all()) else mask
+
+
+def left_padding(mask: torch.Tensor) -> int:
+    """The left padding of one row's attention mask (T,); padding anywhere else is refused."""
+    first = int(mask.nonzero()[0]) if mask.any() else mask.numel()
+    if first == mask.numel():
+        raise ValueError("A row of the batch is all padding: pass at least one token per row (e.g. the BOS token).")
+    if not bool(mask[first:].all()):
+        raise ValueError(
+            "The attention mask has padding after the first real token; pad on the left "
+            "(tokenizer.padding_side = 'left') or pass the prompt without padding."
+        )
+    return first
+
+
+def prefill(target: torch.nn.Module, rows: list[_Run], ids: torch.LongTensor, attention_mask: torch.Tensor | None,
+            feature_layers: list[int], settings: DraftSettings, stats: SpeculativeStats
+            ) -> tuple[_Batch, list[torch.Tensor], list[torch.Tensor]]:
+    """Target over the prompts (B, T') -> each row's first token (the target's own choice); builds the verifier
+    (the LM head's layout: `walk_head_for`). Returns the batch and, per row, what its drafter reads next: the
+    prompt's features (L_b, k * d) (hidden states `feature_layers`; position i predicts x_{i+1}) and the tokens
+    after them (L_b,)."""
+    config = rows[0].generation_config
+    cache = DynamicCache()
+    keys = (KeyLayout.dense(ids.shape[0], ids.shape[1], ids.device) if attention_mask is None
+            else KeyLayout.from_attention_mask(attention_mask))
+    with stats.timer("prefill", target.device):
+        last_only = {"logits_to_keep": 1} if target._supports_logits_to_keep() else {}
+        padded = {} if attention_mask is None else {"attention_mask": attention_mask.long(),
+                                                    "position_ids": keys.positions}
+        keep = hidden_state_request(target.config, feature_layers)  # only the layers read, not all of them
+        out = target(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=keep, **padded, **last_only)
+        raw = out.logits[:, -1].float()  # (B, V)
+    greedy_only = not config.do_sample and not len(rows[0].logits_processor) and not rows[0].keep_scores
+    with stats.timer("setup"):  # measured once per target shape and machine (kept on disk), then memoised
+        walk_head = walk_head_for(target, settings.verify_head, greedy_only, out.hidden_states[-1][0, -1:], raw[:1])
+    verifier = Verifier(target, cache, keys, walk_head, tuple(feature_layers), rows[0].logits_processor,
+                        bool(config.do_sample), rows[0].keep_scores)
+    all_features = select_hidden_states(out.hidden_states, feature_layers)  # (B, T', k * d)
+    features, next_tokens = [], []
+    with stats.timer("prefill", target.device):
+        for b, row in enumerate(rows):
+            row.token_list = row.input_ids[0].tolist()  # the host copy drafting reads (the lookup branch, root)
+            scores = row.logits_processor(row.full_ids(), raw[b : b + 1].clone()) if len(row.logits_processor) \
+                else raw[b : b + 1]
+            token = choose_token(scores[0], bool(config.do_sample))
+            length = row.input_ids.shape[1]
+            row.emit([token], [scores], [raw[b : b + 1]])
+            features.append(all_features[b, ids.shape[1] - length :])  # (L_b, k * d): the row's real tokens
+            next_tokens.append(torch.cat([row.input_ids[0, 1:length], row.input_ids.new_tensor([token])]))
+    batch = _Batch(rows, verifier, list(range(len(rows))), stats, settings)
+    drop_finished(batch)
+    return batch, features, next_tokens
+
+
+def start_rows(batch: _Batch, target: torch.nn.Module, drafter: DynaSpecDrafter, features: list[torch.Tensor],
+               next_tokens: list[torch.Tensor]) -> None:
+    """Each running row's drafter (its prompt read) and step policy (costs at this batch size, what earlier
+    calls learned: `learned.start_policy`)."""
+    config, settings = batch.rows[0].generation_config, batch.settings
+    with batch.stats.timer("setup"):
+        costs = step_costs(settings, target, batch.verifier.walk_head, len(batch.running))
+    for index in batch.running:
+        row = batch.rows[index]
+        if costs is not None:
+            row.policy = start_policy(drafter, target, policy_key(settings, config), costs, settings.draft_depth)
+        row.generator = DynaSpecCandidateGenerator(drafter, settings, row.stats, max_length=config.max_length)
+        row.generator.extend(features[index], next_tokens[index], row.token_list[1:])
 
 
 def policy_key(settings: DraftSettings, generation_config: GenerationConfig) -> tuple:
@@ -178,87 +272,42 @@ def counting_host_reads(target: torch.nn.Module, stats: SpeculativeStats, enable
         stats.target_host_reads += inner.total
 
 
-def prefill(target: torch.nn.Module, run: _Run, feature_layers: list[int], verify_head: str = "auto"
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target over the prompt -> first token (the target's own choice); sets how verification applies the LM head
-    (`verify_head`, see `walk_head_for`). Returns what the drafter reads next: the prompt's features (L, k * d)
-    (hidden states `feature_layers`; position i predicts x_{i+1}) and the tokens after them (L,)."""
-    prompt = run.input_ids
-    run.token_list = prompt[0].tolist()  # the host copy drafting reads (the lookup branch, the root)
-    with run.stats.timer("prefill", target.device):
-        last_only = {"logits_to_keep": 1} if target._supports_logits_to_keep() else {}
-        keep = hidden_state_request(target.config, feature_layers)  # only the layers read, not all of them
-        out = target(input_ids=prompt, cache=run.cache, use_cache=True, output_hidden_states=keep, **last_only)
-        raw = out.logits[:, -1].float()  # (1, V)
-    greedy_only = not run.generation_config.do_sample and not len(run.logits_processor) and not run.keep_scores
-    with run.stats.timer("setup"):  # measured once per target shape and machine (kept on disk), then memoised
-        run.walk_head = walk_head_for(target, verify_head, greedy_only, out.hidden_states[-1][0, -1:], raw)
-    with run.stats.timer("prefill", target.device):
-        scores = run.logits_processor(run.full_ids(), raw.clone()) if len(run.logits_processor) else raw
-        token = choose_token(scores[0], run.generation_config.do_sample)
-        run.emit([token], [scores], [raw])
-    features = select_hidden_states(out.hidden_states, feature_layers)[0]  # (L, k * d)
-    return features, torch.cat([prompt[0, 1:], prompt.new_tensor([token])])  # (L, k * d), (L,) x_{i+1}
-
-
-def walk_head_for(target: torch.nn.Module, wanted: str, greedy_only: bool, hidden: torch.Tensor, raw: torch.Tensor
-                  ) -> WalkHead | None:
-    """How verification applies the target's LM head (None: every node's logits in the verification pass).
-
-    On CPU the head's cost grows with its rows: "auto" applies it only along the walk, in the layout and with the
-    rows at once that are cheapest here (measured once per target), the greedy-only "prefilter" among them when
-    `greedy_only` (no sampling, logits processors or kept scores) and the head qualifies; a target whose logits
-    its head does not reproduce from the final hidden state (1, d) (`raw` (1, V): unknown post-processing)
-    verifies with full logits. A named layout is used as asked, or refused with the reason."""
-    if wanted == "full":
-        return None
-    walk_path = (target.device.type == "cpu" and target.get_output_embeddings() is not None
-                 and target._supports_logits_to_keep())
-    if not walk_path:
-        if wanted == "auto":
-            return None
-        raise ValueError(f"verify_head={wanted!r} applies the LM head along the walk, for a CPU target whose model "
-                         f"takes `logits_to_keep`; this one runs on {target.device.type!r}. Use 'auto' or 'full'.")
-    blocker = prefilter_blocker(target) if greedy_only else (
-        "it gives greedy picks only: do_sample=False with no logits processors (such as repetition_penalty) and "
-        "no output_scores / output_logits")
-    if wanted == "prefilter" and blocker is not None:
-        raise ValueError(f"verify_head='prefilter' cannot apply: {blocker}. Use 'auto' or another layout.")
-    if wanted == "auto":
-        layouts = ("rows", "columns") + (("prefilter",) if blocker is None else ())
-    else:
-        layouts = (wanted,)
-    walk_head = measure_walk_head(target, layouts=layouts)
-    if walk_head.reproduces(hidden, raw):
-        return walk_head
-    if wanted != "auto":
-        raise ValueError(f"verify_head={wanted!r}: this target's logits are not its LM head's output (post-processing"
-                         " the walk head does not know). Use 'full' or 'auto'.")
-    return None
-
-
-def speculative_step(
-    target: torch.nn.Module, generator: DynaSpecCandidateGenerator, run: _Run, policy: StepPolicy | None = None
-) -> None:
-    """Choose and build the step's tree (`choose_tree`), verify it in one target forward, emit the accepted
-    tokens, update both caches and tell the policy what happened."""
-    past_length = run.input_ids.shape[1] - 1  # the root (last token) is not in the target cache yet
-    room = run.generation_config.max_length - run.full_ids().shape[1] - 1  # drafts a path may hold (+ bonus)
-    plan, tree, predicted, seconds = choose_tree(generator, run, policy, room)
+def speculative_step(target: torch.nn.Module, batch: _Batch) -> None:
+    """Choose and build each running row's tree (`choose_tree`), verify them all in one target forward, emit each
+    row's accepted tokens, keep its path in both caches, tell its policy what happened, and let rows that ended
+    leave the batch."""
+    rows = batch.running_rows()
+    chosen = [choose_tree(row.generator, row, row.policy, row.room()) for row in rows]
+    trees = [tree for _, tree, _, _ in chosen]
     start = time.perf_counter()
-    with run.stats.timer("verify", target.device):
-        logits, features = verify_forward(target, run.cache, tree, past_length, run.walk_head,
-                                          generator.feature_layers)
-        walk = walk_tree(
-            tree, logits, run.full_ids(), run.logits_processor, run.generation_config.do_sample, run.keep_scores
-        )
-    seconds["verify"] = time.perf_counter() - start
-    run.emit(walk.new_tokens, walk.scores, walk.logits)
-    keep_accepted(run.cache, past_length, walk.path)
-    generator.accept(tree, walk, None if run.finished else features, plan.kind == "draft")
-    run.stats.add_prediction(plan.kind, predicted, len(walk.new_tokens), tree.num_nodes - 1)
-    if policy is not None:
-        policy.record(plan, tree, walk.path, seconds)
+    with batch.stats.timer("verify", target.device):
+        walks, features = batch.verifier.verify(trees, [row.full_ids() for row in rows])
+    verify_seconds = time.perf_counter() - start
+    verified = max(tree.num_nodes for tree in trees)  # the padded block every row paid for
+    for row, (plan, tree, predicted, seconds), walk, row_features in zip(rows, chosen, walks, features):
+        row.emit(walk.new_tokens, walk.scores, walk.logits)
+        row.generator.accept(tree, walk, None if row.finished else row_features, plan.kind == "draft")
+        row.stats.add_prediction(plan.kind, predicted, len(walk.new_tokens), tree.num_nodes - 1)
+        if row.policy is not None:
+            row.policy.record(plan, tree, walk.path, {**seconds, "verify": verify_seconds}, verified)
+    batch.verifier.commit([walk.path for walk in walks])
+    drop_finished(batch, target)
+
+
+def drop_finished(batch: _Batch, target: torch.nn.Module | None = None) -> None:
+    """Rows that ended leave the verifier's cache; the rest plan with the costs of the smaller batch."""
+    keep = [k for k, index in enumerate(batch.running) if not batch.rows[index].finished]
+    if len(keep) == len(batch.running):
+        return
+    batch.running = [batch.running[k] for k in keep]
+    if not keep:
+        return
+    batch.verifier.keep_rows(keep)
+    if target is not None and batch.settings.step_policy != "off":
+        with batch.stats.timer("setup"):
+            costs = step_costs(batch.settings, target, batch.verifier.walk_head, len(keep))
+        for row in batch.running_rows():
+            row.policy.costs = costs
 
 
 def choose_tree(generator: DynaSpecCandidateGenerator, run: _Run, policy: StepPolicy | None, room: int
@@ -295,12 +344,18 @@ def choose_token(scores: torch.Tensor, do_sample: bool) -> int:
     return int(scores.argmax())
 
 
-def check_generation_inputs(input_ids: torch.LongTensor, generation_config: GenerationConfig) -> None:
-    if input_ids.ndim != 2 or input_ids.shape[0] != 1:
-        raise ValueError(
-            f"DynaSpec speculative decoding runs one sequence at a time (batch size 1), got input_ids of shape "
-            f"{tuple(input_ids.shape)}. Call generate() once per prompt, or drop `assistant_model` for batches."
-        )
+# model inputs the decoding loop passes on itself (what transformers prepares for every decoder-only call)
+HANDLED_MODEL_INPUTS = ("attention_mask", "position_ids", "use_cache", "cache", "past_key_values", "logits_to_keep")
+
+
+def check_generation_inputs(input_ids: torch.LongTensor, generation_config: GenerationConfig, model_kwargs: dict,
+                            streamer: object | None = None, model_default_cache: str | None = None,
+                            logits_processor: LogitsProcessorList = ()) -> None:
+    """Refuse, with what to do instead, what the speculative loop would not honour: a cache the user passed or
+    asked for (`cache_implementation` other than the model's own default, `model_default_cache`, which the loop
+    replaces by its own without changing the output), model inputs it does not pass on, a streamer of a batch."""
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}.")
     if input_ids.shape[1] == 0:
         raise ValueError("The prompt is empty: pass at least one token (e.g. the BOS token).")
     unsupported = [
@@ -311,34 +366,69 @@ def check_generation_inputs(input_ids: torch.LongTensor, generation_config: Gene
             f"{unsupported} are not supported with a DynaSpec drafter (tree verification mixes positions); "
             "use output_scores / output_logits, or generate without `assistant_model`."
         )
-
-
-def strip_left_padding(
-    input_ids: torch.LongTensor, attention_mask: torch.Tensor | None
-) -> tuple[torch.LongTensor, torch.LongTensor]:
-    """Split (1, L) ids into (left padding, real tokens); padding anywhere else is refused."""
-    if attention_mask is None or bool(attention_mask.all()):
-        return input_ids[:, :0], input_ids
-    mask = attention_mask[0].bool()
-    first = int(mask.nonzero()[0]) if mask.any() else mask.numel()
-    if not bool(mask[first:].all()):
+    user_cache = [model_kwargs.get(name) for name in ("cache", "past_key_values")]
+    asked = getattr(generation_config, "cache_implementation", None)
+    if asked is not None and asked != model_default_cache or any(
+            cache is not None and (getattr(cache, "_is_user_defined", False) or cache.get_seq_length() > 0)
+            for cache in user_cache):
         raise ValueError(
-            "The attention mask has padding after the first real token; pad on the left "
-            "(tokenizer.padding_side = 'left') or pass the prompt without padding."
+            "A DynaSpec drafter decodes with a cache of its own (tree verification keeps and drops draft entries): "
+            "drop `past_key_values` / `cache_implementation`, or generate without `assistant_model`."
         )
-    return input_ids[:, :first], input_ids[:, first:]
+    ignored = sorted(k for k, v in model_kwargs.items() if k not in HANDLED_MODEL_INPUTS and v is not None)
+    if ignored:
+        raise ValueError(
+            f"The speculative loop passes only input_ids and the attention mask to the target; {ignored} would be "
+            "dropped (e.g. a vision-language target's image inputs). Generate without `assistant_model` for them."
+        )
+    batch_aware = [type(p).__name__ for p in logits_processor if isinstance(p, PrefixConstrainedLogitsProcessor)]
+    if batch_aware and input_ids.shape[0] > 1:
+        raise ValueError(f"{batch_aware} reads each row's batch index, and the speculative loop walks one row at a "
+                         "time: generate the rows one by one, or without `assistant_model`.")
+    if streamer is not None and input_ids.shape[0] > 1:
+        raise ValueError("A streamer receives one sequence: with a DynaSpec drafter, stream a batch of one row "
+                         "(or generate the batch without `streamer`).")
 
 
-def build_output(run: _Run) -> DynaSpecGenerateOutput | torch.LongTensor:
-    run.stats.settle()
-    sequences = run.full_ids()
-    config = run.generation_config
-    if not config.return_dict_in_generate:
+def build_output(batch: _Batch, generation_config: GenerationConfig) -> DynaSpecGenerateOutput | torch.LongTensor:
+    """Every row's sequence, padded on the right with `pad_token_id` to the longest (as plain decoding pads rows
+    that ended early); with `return_dict_in_generate`, scores / logits per step (B, V) (a row that had ended: the
+    dtype's minimum, where plain decoding would have scored its padding) and the statistics of the call and of
+    each row."""
+    rows = batch.rows
+    sequences = pad_rows([row.full_ids() for row in rows], generation_config)
+    if not generation_config.return_dict_in_generate:
         return sequences
+    if len(rows) == 1:
+        stats, per_row = rows[0].stats.settle(), None
+    else:
+        per_row = [row.stats.settle() for row in rows]
+        stats = SpeculativeStats.merged([batch.stats, *per_row])
     return DynaSpecGenerateOutput(
         sequences=sequences,
-        scores=tuple(run.scores) if config.output_scores else None,
-        logits=tuple(run.raw_logits) if config.output_logits else None,
-        cache=run.cache,
-        speculative_stats=run.stats,
+        scores=stack_steps([row.scores for row in rows]) if generation_config.output_scores else None,
+        logits=stack_steps([row.raw_logits for row in rows]) if generation_config.output_logits else None,
+        cache=batch.verifier.cache if len(rows) == 1 else None,
+        speculative_stats=stats,
+        speculative_stats_per_row=per_row,
     )
+
+
+def pad_rows(sequences: list[torch.LongTensor], generation_config: GenerationConfig) -> torch.LongTensor:
+    """Rows (1, L_b) -> (B, max L_b), right-padded with the pad token."""
+    longest = max(s.shape[1] for s in sequences)
+    if all(s.shape[1] == longest for s in sequences):
+        return torch.cat(sequences)
+    pad = generation_config.pad_token_id
+    if pad is None:
+        raise ValueError("Rows of the batch ended at different lengths and no pad_token_id is set: pass "
+                         "pad_token_id=... (plain generate() pads with it too).")
+    return torch.cat([torch.nn.functional.pad(s, (0, longest - s.shape[1]), value=int(pad)) for s in sequences])
+
+
+def stack_steps(per_row: list[list[torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+    """Per-row lists of (1, V) per step -> per step (B, V); steps after a row ended hold the dtype's minimum."""
+    steps = max(len(scores) for scores in per_row)
+    template = next(scores[0] for scores in per_row if scores)
+    filler = torch.full_like(template, torch.finfo(template.dtype).min)
+    return tuple(torch.cat([scores[t] if t < len(scores) else filler for scores in per_row]) for t in range(steps))

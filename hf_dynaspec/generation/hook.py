@@ -6,7 +6,8 @@ criteria, cache, streamer and assistant. We wrap three methods of `GenerationMix
 - `_assisted_decoding`: when the assistant is a `DynaSpecDrafter`, run `speculative_decode`; otherwise call
   transformers' own method unchanged.
 - `_validate_generation_mode`: a DynaSpec drafter with beam search (which transformers would silently ignore)
-  is refused, and so are DynaSpec settings without a DynaSpec drafter.
+  is refused, and so are DynaSpec settings without a DynaSpec drafter; `num_return_sequences` > 1, which
+  transformers refuses for assisted generation, is let through (its rows are decoded as a batch).
 - `_prepare_generation_config`: DynaSpec settings passed as generate() keyword arguments land on the call's
   generation config (plain or DynaSpec), where the decoding loop reads them.
 At install the wrapped methods' signatures are checked against what the wrappers call (`EXPECTED`): a
@@ -21,6 +22,7 @@ and unknown generate() kwargs are rejected (checked on transformers 5.24); this 
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from importlib import metadata
@@ -107,6 +109,10 @@ def _wrap_validate_generation_mode(original):
                     f"{generation_mode.value}; set num_beams=1 or drop `assistant_model`."
                 )
             assistant.check_target(self)
+            if generation_config.num_return_sequences > 1:  # transformers refuses it for assisted generation;
+                # the inputs are already expanded to one row per sequence, which DynaSpec decodes as a batch
+                generation_config = copy.copy(generation_config)
+                generation_config.num_return_sequences = 1
         elif fields := speculative_fields_of(generation_config):
             raise ValueError(
                 f"DynaSpec settings {sorted(fields)} need a DynaSpec drafter: pass "

@@ -279,9 +279,12 @@ class StepPolicy:
         """E of a tree verified whole (lookup and plain steps)."""
         return sum(acceptance_estimates(tree, self.calibration))
 
-    def record(self, plan: Plan, tree: VerifyTree, path: Sequence[int], seconds: dict[str, float]) -> None:
-        """After verification: `seconds` of "verify" and, on drafted steps, "catch_up" and "draft" (its levels)."""
-        self.plain_seconds.add(seconds["verify"] / self.costs(tree.num_nodes))
+    def record(self, plan: Plan, tree: VerifyTree, path: Sequence[int], seconds: dict[str, float],
+               verified: int | None = None) -> None:
+        """After verification: `seconds` of "verify" and, on drafted steps, "catch_up" and "draft" (its levels);
+        `verified`: the nodes per row the forward ran (a batch pads every row's tree to the largest; None: this
+        tree's)."""
+        self.plain_seconds.add(seconds["verify"] / self.costs(verified or tree.num_nodes))
         if plan.kind == "draft":
             self.profile.add(tree, acceptance_estimates(tree, self.calibration), plan.root_mass, plan.depth)
             if "catch_up" in seconds:

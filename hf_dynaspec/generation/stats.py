@@ -215,6 +215,8 @@ class SpeculativeStats:
 
 @dataclass
 class DynaSpecGenerateOutput(GenerateDecoderOnlyOutput):
-    """`GenerateDecoderOnlyOutput` plus `speculative_stats` (a `SpeculativeStats`)."""
+    """`GenerateDecoderOnlyOutput` plus `speculative_stats` (a `SpeculativeStats`: of the whole call, every row
+    summed) and, for a batch of several rows, `speculative_stats_per_row` (one per row, in input order)."""
 
     speculative_stats: SpeculativeStats | None = None
+    speculative_stats_per_row: list[SpeculativeStats] | None = None

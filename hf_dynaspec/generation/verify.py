@@ -1,19 +1,18 @@
-"""Exact verification of a draft tree by the target, over the full vocabulary, in one forward pass.
+"""Exact verification of a draft tree by the target, over the full vocabulary: what one row's walk reads.
 
-- `verify_forward`: the target runs once over [root, nodes...] on top of its cache with a 4D tree mask (each
-  node sees the committed prefix and its own ancestors; on sliding-window layers only those within the window
-  of its own position, `masks.target_masks`) and per-node positions (prefix length + depth).
-  With a `walk_head` (`walk_head.WalkHead`), that pass computes logits only for the likeliest walk (the root and
-  its chain of best children, r nodes; r and the head's weight layout measured on this machine by
-  `calibration.measure_walk_head`: on CPU a few rows often cost one, since BLAS streams the head's weights once
-  for them); `NodeLogits` applies the same head to any other node's final hidden state when the walk reaches it. So a step pays for about one head pass instead of n rows (on CPU the head is ~20%
-  of SmolLM2's weights and its cost grows with rows). Plain greedy may take the "prefilter" head, which gives
-  each walk row's exact pick without its logits (`prefilter.py`).
+The forward itself (a batch of trees in one target pass, the cache's accepted paths) is `verifier.Verifier`.
+Here is what each row's walk needs from that pass:
+- `NodeLogits`: the target's logits at the tree's nodes. With a `walk_head` (`walk_head.WalkHead`), the pass
+  computes logits only for the likeliest walk (`likely_walk`: the root and its chain of best children, r nodes;
+  r and the head's weight layout measured on this machine by `calibration.measure_walk_head`: on CPU a few rows
+  often cost one, since BLAS streams the head's weights once for them); the same head is applied to any other
+  node's final hidden state when the walk reaches it. So a step pays for about one head pass instead of n rows
+  (on CPU the head is ~20% of SmolLM2's weights and its cost grows with rows). Plain greedy may take the
+  "prefilter" head, which gives each walk row's exact pick without its logits (`prefilter.py`).
 - `walk_tree`: from the root, the target picks the next token with the user's logits processors applied to
   its logits at that node (greedy: argmax; sampling: see `_sample_child`), and the walk follows the child
   drafting that token. The last pick is the bonus token. So the output is the target's own choice at every
   position: greedy output equals plain greedy, sampling keeps the target's distribution.
-- `keep_accepted`: the target cache keeps only the root and the accepted path (gather, no recompute).
 
     python -m pytest tests/test_generate.py -q
 """
@@ -24,12 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 from transformers.generation.logits_process import LogitsProcessorList
 
-from ..masks import target_masks
-from ..target_states import hidden_state_request, select_hidden_states
 from .tree import VerifyTree
 from .walk_head import GREEDY_LAYOUTS, WalkHead
 
@@ -93,40 +88,6 @@ def likely_walk(tree: VerifyTree, length: int) -> list[int]:
     while len(path) < length and tree.children[path[-1]]:
         path.append(tree.children[path[-1]][0])
     return path
-
-
-def verify_forward(
-    target: torch.nn.Module,
-    cache: DynamicCache,
-    tree: VerifyTree,
-    past_length: int,
-    walk_head: WalkHead | None = None,
-    feature_layers: list[int] | tuple[int, ...] = (-1,),
-) -> tuple[NodeLogits, torch.Tensor]:
-    """Target logits at every tree node (all computed, or with a `walk_head` those of `likely_walk` and the
-    rest on demand, in its layout) and the drafter's features of every node, root included: the hidden states
-    `feature_layers` concatenated (n, k * d)."""
-    device = target.device
-    n = tree.num_nodes
-    rows = likely_walk(tree, walk_head.rows) if walk_head else []
-    allowed = torch.cat([torch.ones(n, past_length, dtype=torch.bool), tree.ancestor], dim=1)  # (n, past + n)
-    positions = (past_length + tree.depths).to(device)  # (n,) each node at prefix length + depth
-    key_positions = torch.cat([torch.arange(past_length, device=device), positions])  # (past + n,)
-    mask = target_masks(target.config, allowed.to(device), positions, key_positions, target.dtype)
-    out = target(
-        input_ids=tree.tokens.to(device)[None],
-        attention_mask=mask,  # (1, 1, n, past + n), or one per attention kind
-        position_ids=positions[None],
-        cache=cache,
-        use_cache=True,
-        output_hidden_states=hidden_state_request(target.config, feature_layers),
-        **({"logits_to_keep": walk_head.logits_to_keep(rows, device)} if walk_head else {}),
-    )
-    features = select_hidden_states(out.hidden_states, list(feature_layers))[0]  # (n, k * d)
-    if walk_head is not None:
-        known, picks = walk_head.walk(out, rows)  # each (1, V), or greedy picks ("prefilter")
-        return NodeLogits(out.hidden_states[-1][0], walk_head, known, picks=picks), features  # hidden (n, d)
-    return NodeLogits.from_tensor(out.logits[0]), features
 
 
 def walk_tree(
@@ -202,38 +163,3 @@ def _sample_child(scores: torch.Tensor, child_tokens: list[int]) -> int:
             return token
         residual[token] = 0.0
     return int(torch.multinomial(residual, 1))
-
-
-def keep_accepted(cache: DynamicCache, past_length: int, path: list[int]) -> None:
-    """Keep cache entries [0, past_length) and the new entries at `path` (indices into the verified nodes).
-
-    The tail is gathered in place: keys[past + j] <- keys[past + path[j]]; safe because path is increasing
-    and path[j] >= j, so no entry is overwritten before it is read. Every layer keeps every position (sliding
-    layers too: their window is applied by the mask), so rejected nodes never push out a token still in a window.
-    """
-    index = torch.tensor(path, dtype=torch.long)
-    contiguous = path == list(range(len(path)))
-    for layer in cache.layers:
-        if type(layer) is not DynamicLayer:
-            raise ValueError(
-                f"Tree verification needs a DynamicCache of full-attention layers, got {type(layer).__name__}: "
-                "use the default cache (no cache_implementation) with a full-attention target."
-            )
-        end = past_length + len(path)
-        if not contiguous:
-            idx = index.to(layer.keys.device) + past_length
-            layer.keys[:, :, past_length:end] = layer.keys.index_select(2, idx)
-            layer.values[:, :, past_length:end] = layer.values.index_select(2, idx)
-        layer.keys = layer.keys[:, :, :end]
-        layer.values = layer.values[:, :, :end]
-
-
-def crop_cache(cache: Cache, length: int) -> None:
-    """Drop every entry at or after `length` (explicit slicing: `crop`'s sign convention varies). A static layer
-    keeps its tensors (fixed addresses) and moves its write position back, on the device."""
-    for layer in cache.layers:
-        if isinstance(layer, StaticLayer):
-            layer.cumulative_length.fill_(length)
-        elif getattr(layer, "keys", None) is not None and layer.keys.numel():
-            layer.keys = layer.keys[:, :, :length]
-            layer.values = layer.values[:, :, :length]

@@ -89,6 +89,13 @@ class WalkHead:
         made = out.logits[0].float() if self.weight_t is None else self(out.hidden_states[-1][0, rows])  # (r, V)
         return {node: made[i : i + 1] for i, node in enumerate(rows)}, {}
 
+    def apply(self, hidden: torch.Tensor) -> torch.Tensor | list[int]:
+        """Rows (r, d) -> their raw logits (r, V) fp32, or in the "prefilter" layout their greedy picks (a host
+        list of r token ids) instead."""
+        if self.prefilter is not None:
+            return self.prefilter.argmax(hidden).tolist()
+        return self(hidden)
+
     def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's greedy picks (r,) from final hidden states (r, d): exact in every layout."""
         if self.prefilter is not None:

@@ -1,0 +1,166 @@
+"""Verification as one object: the target side of tree decoding for a batch of rows.
+
+`Verifier` is built at prefill from the target, its cache, the LM head's layout on the walk (`walk_head_for`),
+the logits processors and the sampling mode. Each step:
+
+    walks, features = verifier.verify(trees, sequences)   # one target forward over every row's tree
+    verifier.commit([w.path for w in walks])              # each row keeps its accepted path
+
+The LM head's layout is chosen by `calibration.walk_head_for`. `verify` pads the rows' trees to one block of N = max n_b nodes: node tokens (B, N), positions = the row's
+length + depth (B, N), and a 4D mask per row (B, 1, N, K + N): a node sees its row's real cached keys
+(`cache.KeyLayout`: left padding and earlier steps' holes masked) and its own ancestors; a padding node sees
+itself only. On a CPU the LM head is applied along each row's likeliest walk only (`WalkHead`; for a batch, one
+head call over every row's walk rows gathered), the rest on demand (`verify.NodeLogits`). Each row is then
+walked (`verify.walk_tree`) with its own sequence, so processors and sampling act per row as in plain decoding.
+`forward` is the target call alone: calibration times it, so the costs the step policy plans with are those of
+this forward (`calibration.time_forward`).
+
+    python -m pytest tests/test_batch.py tests/test_verify.py -q
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+from transformers.generation.logits_process import LogitsProcessorList
+
+from ..masks import target_masks
+from ..target_states import hidden_state_request, select_hidden_states
+from .cache import KeyLayout, keep_paths, keep_rows
+from .tree import VerifyTree
+from .verify import NodeLogits, WalkResult, likely_walk, walk_tree
+from .walk_head import WalkHead
+
+
+@dataclass
+class Verifier:
+    """The target, its cache of the rows still decoding (`keys`: their layout) and how each step is verified."""
+
+    target: torch.nn.Module
+    cache: DynamicCache
+    keys: KeyLayout
+    walk_head: WalkHead | None = None
+    feature_layers: tuple[int, ...] = (-1,)
+    logits_processor: LogitsProcessorList | None = None
+    do_sample: bool = False
+    keep_scores: bool = False
+
+    @property
+    def batch_size(self) -> int:
+        return self.keys.lengths.shape[0]
+
+    def forward(self, trees: list[VerifyTree], walk_rows: list[list[int]] | None = None):
+        """The target over every row's tree on top of the cache (the new block stays in the cache until
+        `commit`); `walk_rows`: per row, the nodes whose logits the pass computes (one row: through the model's
+        `logits_to_keep` in the "rows" layout; a batch: none, the head is applied to the gathered hidden
+        states by `node_logits`). Returns the model output (hidden states of `feature_layers` kept)."""
+        device = self.target.device
+        tokens, depths, ancestor = pad_trees(trees)  # (B, N), (B, N), (B, N, N)
+        tokens, depths, ancestor = tokens.to(device), depths.to(device), ancestor.to(device)
+        positions = self.keys.lengths[:, None] + depths  # (B, N) each node at its row's length + depth
+        batch, n = tokens.shape
+        past = self.keys.positions.shape[1]
+        if self.keys.valid is None and batch == 1:  # one dense row: the 2D masks of a single sequence
+            allowed = torch.cat([torch.ones(n, past, dtype=torch.bool, device=device), ancestor[0]], dim=1)
+            mask = target_masks(self.target.config, allowed, positions[0],
+                                torch.cat([self.keys.positions[0], positions[0]]), self.target.dtype)
+        else:
+            seen = self.keys.valid_or_all()[:, None, :].expand(batch, n, past)  # (B, N, K)
+            allowed = torch.cat([seen, ancestor], dim=2)  # (B, N, K + N)
+            key_positions = torch.cat([self.keys.positions, positions], dim=1)  # (B, K + N)
+            mask = target_masks(self.target.config, allowed, positions, key_positions, self.target.dtype)
+        keep = {}
+        if self.walk_head is not None:
+            rows = walk_rows[0] if walk_rows is not None and batch == 1 else []
+            keep = {"logits_to_keep": self.walk_head.logits_to_keep(rows, device)}
+        return self.target(
+            input_ids=tokens, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
+            output_hidden_states=hidden_state_request(self.target.config, list(self.feature_layers)), **keep,
+        )
+
+    def node_logits(self, out, trees: list[VerifyTree], walk_rows: list[list[int]]) -> list[NodeLogits]:
+        """Each row's `NodeLogits` from the forward's output."""
+        if self.walk_head is None:
+            return [NodeLogits.from_tensor(out.logits[b, : t.num_nodes]) for b, t in enumerate(trees)]
+        hidden = out.hidden_states[-1]  # (B, N, d) final, normed
+        if len(trees) == 1:
+            known, picks = self.walk_head.walk(out, walk_rows[0])
+            return [NodeLogits(hidden[0], self.walk_head, known, picks=picks)]
+        gathered = torch.cat([hidden[b, rows] for b, rows in enumerate(walk_rows)])  # (sum r_b, d)
+        made = self.walk_head.apply(gathered)  # logits (sum r_b, V), or picks (sum r_b,) on the host
+        result, start = [], 0
+        for b, rows in enumerate(walk_rows):
+            part = made[start : start + len(rows)]
+            start += len(rows)
+            if isinstance(part, list):  # greedy picks
+                result.append(NodeLogits(hidden[b], self.walk_head, {}, picks=dict(zip(rows, part))))
+            else:
+                result.append(NodeLogits(hidden[b], self.walk_head, {r: part[i : i + 1] for i, r in enumerate(rows)}))
+        return result
+
+    def walk_rows(self, trees: list[VerifyTree]) -> list[list[int]]:
+        """Per row, the nodes whose logits the pass computes at once (`verify.likely_walk`; none without a walk
+        head: every node's)."""
+        return [likely_walk(t, self.walk_head.rows) if self.walk_head else [] for t in trees]
+
+    def verify(self, trees: list[VerifyTree], sequences: list[torch.LongTensor]
+               ) -> tuple[list[WalkResult], list[torch.Tensor]]:
+        """One forward over every row's tree, then each row's walk with its committed sequence (1, L + 1) (root
+        last, left padding included: what its processors see). Returns the walks and each row's drafter features
+        at its tree's nodes (n_b, k * d)."""
+        walk_rows = self.walk_rows(trees)
+        out = self.forward(trees, walk_rows)
+        logits = self.node_logits(out, trees, walk_rows)
+        features = select_hidden_states(out.hidden_states, list(self.feature_layers))  # (B, N, k * d)
+        processors = self.logits_processor if self.logits_processor is not None else LogitsProcessorList()
+        walks = [walk_tree(t, logits[b], sequences[b], processors, self.do_sample, self.keep_scores)
+                 for b, t in enumerate(trees)]
+        return walks, [features[b, : t.num_nodes] for b, t in enumerate(trees)]
+
+    def commit(self, paths: list[list[int]]) -> None:
+        """Each row keeps its accepted path of the last verified block (`cache.keep_paths`)."""
+        past = self.keys.positions.shape[1]
+        self.keys = self.keys.appended(keep_paths(self.cache, past, paths))
+
+    def keep_rows(self, index: list[int]) -> None:
+        """Keep only the rows at `index` (positions in the current batch) in the cache."""
+        rows = torch.tensor(index, dtype=torch.long, device=self.keys.lengths.device)
+        keep_rows(self.cache, rows)
+        self.keys = self.keys.rows(rows)
+
+
+def pad_trees(trees: list[VerifyTree]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows' trees as one block of N = max n_b nodes: tokens (B, N) (padding: the row's root token), depths (B, N)
+    (padding: 0), ancestor (B, N, N) (a padding node is its own only ancestor, so its attention row is never
+    empty; no real node sees it)."""
+    n = max(t.num_nodes for t in trees)
+    if len(trees) == 1:
+        t = trees[0]
+        return t.tokens[None], t.depths[None], t.ancestor[None]
+    tokens = torch.stack([torch.nn.functional.pad(t.tokens, (0, n - t.num_nodes), value=t.token_list[0])
+                          for t in trees])
+    depths = torch.stack([torch.nn.functional.pad(t.depths, (0, n - t.num_nodes)) for t in trees])
+    ancestor = torch.eye(n, dtype=torch.bool).repeat(len(trees), 1, 1)
+    for b, t in enumerate(trees):
+        ancestor[b, : t.num_nodes, : t.num_nodes] = t.ancestor
+    return tokens, depths, ancestor
+
+
+def verify_forward(
+    target: torch.nn.Module,
+    cache: DynamicCache,
+    tree: VerifyTree,
+    past_length: int,
+    walk_head: WalkHead | None = None,
+    feature_layers: list[int] | tuple[int, ...] = (-1,),
+) -> tuple[NodeLogits, torch.Tensor]:
+    """One sequence's verification forward (a `Verifier` of one dense row): the target logits at every node of
+    `tree` and its drafter features (n, k * d)."""
+    verifier = Verifier(target, cache, KeyLayout.dense(1, past_length, target.device), walk_head,
+                        tuple(feature_layers))
+    walk_rows = verifier.walk_rows([tree])
+    out = verifier.forward([tree], walk_rows)
+    features = select_hidden_states(out.hidden_states, list(feature_layers))[0]  # (n, k * d)
+    return verifier.node_logits(out, [tree], walk_rows)[0], features
