@@ -219,3 +219,13 @@ def test_measured_costs_start_at_one_and_never_fall(target):
     assert len(costs.costs) == 9 and costs(1) == 1.0
     assert all(later >= earlier for earlier, later in zip(costs.costs, costs.costs[1:]))
     assert measure_verify_costs(target, max_tokens=9) is costs  # memoised per target and setting
+
+
+def test_costs_are_measured_at_the_batch_size_bucket(target):
+    from hf_dynaspec.generation.calibration import batch_bucket
+
+    assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 32)] == [1, 2, 4, 4, 8, 8, 16, 32]
+    single = measure_verify_costs(target, max_tokens=5)
+    batched = measure_verify_costs(target, max_tokens=5, batch=4)
+    assert len(batched.costs) == 5 and batched(1) == 1.0 and batched is not single
+    assert measure_verify_costs(target, max_tokens=5, batch=4) is batched  # memoised per batch size
