@@ -229,3 +229,14 @@ def test_costs_are_measured_at_the_batch_size_bucket(target):
     batched = measure_verify_costs(target, max_tokens=5, batch=4)
     assert len(batched.costs) == 5 and batched(1) == 1.0 and batched is not single
     assert measure_verify_costs(target, max_tokens=5, batch=4) is batched  # memoised per batch size
+
+
+def test_a_row_of_a_batch_counts_the_drafting_of_every_row():
+    """Drafting runs row after row, so each row's work delays the whole batch: with many rows, a draft that pays
+    alone does not."""
+    kinds = {}
+    for rows in (1, 50):
+        policy = StepPolicy(VerifyCosts((1.0, 1.05, 1.1, 1.15)), max_depth=3, rows=rows)
+        drafted_once(policy)
+        kinds[rows] = policy.plan(None, [], room=10).kind
+    assert kinds == {1: "draft", 50: "plain"}

@@ -235,6 +235,7 @@ def start_rows(batch: _Batch, target: torch.nn.Module, drafter: DynaSpecDrafter,
         row = batch.rows[index]
         if costs is not None:
             row.policy = start_policy(drafter, target, policy_key(settings, config), costs, settings.draft_depth)
+            row.policy.rows = len(batch.running)
         row.generator = DynaSpecCandidateGenerator(drafter, settings, row.stats, max_length=config.max_length)
         row.generator.extend(features[index], next_tokens[index], row.token_list[1:])
 
@@ -307,7 +308,7 @@ def drop_finished(batch: _Batch, target: torch.nn.Module | None = None) -> None:
         with batch.stats.timer("setup"):
             costs = step_costs(batch.settings, target, batch.verifier.walk_head, len(keep))
         for row in batch.running_rows():
-            row.policy.costs = costs
+            row.policy.costs, row.policy.rows = costs, len(keep)
 
 
 def choose_tree(generator: DynaSpecCandidateGenerator, run: _Run, policy: StepPolicy | None, room: int

@@ -233,6 +233,8 @@ class StepPolicy:
     plain_seconds: Running = field(default_factory=Running)  # seconds of c = 1 (a verification / c(n))
     catch_up_seconds: Running = field(default_factory=Running)
     level_seconds: Running = field(default_factory=Running)  # one drafter expansion
+    rows: int = 1  # rows sharing each verification: their drafting runs one after another, so each row's work
+    # delays them all (a batch's rate is sum E / (c_B + sum w); a row plans with E / (c_B + rows * w))
     undrafted: int = 0  # steps since the last drafted one
     shallow: int = 0  # drafted steps since the last one at full depth
 
@@ -261,14 +263,14 @@ class StepPolicy:
         best = Plan("lookup", lookup=tuple(lookup[:n_lookup])) if n_lookup else Plan("plain")
         best_rate = lookup_rate
         root_mass = self._root_mass(root_probs)
-        work = self._seconds(self.catch_up_seconds) if root_probs is None else 0.0
+        work = self.rows * self._seconds(self.catch_up_seconds) if root_probs is None else 0.0
         lookup_share = sum(lookup_gains) * (1.0 - min(1.0, root_mass))  # where the root's drafts miss
         for depth in range(1, min(self.max_depth, room) + 1):
             gain, nodes = self.profile.predict(depth, root_mass)
             rate = (1.0 + gain + lookup_share) / (self.costs(1 + round(nodes) + len(lookup_gains)) + work)
             if rate > best_rate:
                 best, best_rate = Plan("draft", depth, root_mass=root_mass), rate
-            work += self._seconds(self.level_seconds)
+            work += self.rows * self._seconds(self.level_seconds)
         return best
 
     def trim(self, tree: VerifyTree) -> tuple[VerifyTree, float]:
