@@ -74,44 +74,22 @@ class KeyLayout:
 
 def keep_paths(cache: DynamicCache, past_length: int, paths: list[list[int]]) -> list[int]:
     """Keep cache entries [0, past_length) and, for each row b, the new entries at `paths[b]` (indices into the
-    block of verified nodes, root first) gathered to the block's front; the block is cut to the longest path.
-    Returns the accepted counts. One row: `keep_accepted` (in place, no holes)."""
+    block of verified nodes, root first) gathered to the block's front; the block is cut to the longest path (one
+    row: no holes). Returns the accepted counts. The gather reads every kept entry before any is written."""
     accepted = [len(p) for p in paths]
-    if len(paths) == 1:
-        keep_accepted(cache, past_length, paths[0])
-        return accepted
     width = max(accepted)
+    moved = any(p != list(range(len(p))) for p in paths)  # else every path is the block's first slots
     index = torch.tensor([p + [p[-1]] * (width - len(p)) for p in paths])  # (B, A): padded with a kept slot
-    if all(p == list(range(len(p))) for p in paths):
-        index = None  # every path is the block's first slots: nothing moves
     for layer in _full_layers(cache):
-        if index is not None:
+        if moved:
             idx = index.to(layer.keys.device)[:, None, :, None] + past_length  # (B, 1, A, 1)
-            shape = (-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-            keys = layer.keys.gather(2, idx.expand(shape))  # (B, H, A, D), read before anything is written
+            keys = layer.keys.gather(2, idx.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3]))  # (B, H, A, D)
             values = layer.values.gather(2, idx.expand(-1, layer.values.shape[1], -1, layer.values.shape[3]))
             layer.keys[:, :, past_length : past_length + width] = keys
             layer.values[:, :, past_length : past_length + width] = values
         layer.keys = layer.keys[:, :, : past_length + width]
         layer.values = layer.values[:, :, : past_length + width]
     return accepted
-
-
-def keep_accepted(cache: DynamicCache, past_length: int, path: list[int]) -> None:
-    """One row: keep cache entries [0, past_length) and the new entries at `path` (indices into the verified nodes).
-
-    The tail is gathered in place: keys[past + j] <- keys[past + path[j]]; safe because path is increasing
-    and path[j] >= j, so no entry is overwritten before it is read."""
-    index = torch.tensor(path, dtype=torch.long)
-    contiguous = path == list(range(len(path)))
-    end = past_length + len(path)
-    for layer in _full_layers(cache):
-        if not contiguous:
-            idx = index.to(layer.keys.device) + past_length
-            layer.keys[:, :, past_length:end] = layer.keys.index_select(2, idx)
-            layer.values[:, :, past_length:end] = layer.values.index_select(2, idx)
-        layer.keys = layer.keys[:, :, :end]
-        layer.values = layer.values[:, :, :end]
 
 
 def keep_rows(cache: DynamicCache, index: torch.Tensor) -> None:

@@ -62,15 +62,10 @@ class Verifier:
         positions = self.keys.lengths[:, None] + depths  # (B, N) each node at its row's length + depth
         batch, n = tokens.shape
         past = self.keys.positions.shape[1]
-        if self.keys.valid is None and batch == 1:  # one dense row: the 2D masks of a single sequence
-            allowed = torch.cat([torch.ones(n, past, dtype=torch.bool, device=device), ancestor[0]], dim=1)
-            mask = target_masks(self.target.config, allowed, positions[0],
-                                torch.cat([self.keys.positions[0], positions[0]]), self.target.dtype)
-        else:
-            seen = self.keys.valid_or_all()[:, None, :].expand(batch, n, past)  # (B, N, K)
-            allowed = torch.cat([seen, ancestor], dim=2)  # (B, N, K + N)
-            key_positions = torch.cat([self.keys.positions, positions], dim=1)  # (B, K + N)
-            mask = target_masks(self.target.config, allowed, positions, key_positions, self.target.dtype)
+        seen = self.keys.valid_or_all()[:, None, :].expand(batch, n, past)  # (B, N, K)
+        allowed = torch.cat([seen, ancestor], dim=2)  # (B, N, K + N)
+        key_positions = torch.cat([self.keys.positions, positions], dim=1)  # (B, K + N)
+        mask = target_masks(self.target.config, allowed, positions, key_positions, self.target.dtype)
         keep = {}
         if self.walk_head is not None:
             rows = walk_rows[0] if walk_rows is not None and batch == 1 else []
