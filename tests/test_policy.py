@@ -15,13 +15,18 @@ from hf_dynaspec.generation import decoding, learned
 from hf_dynaspec.generation.calibration import measure_verify_costs
 from hf_dynaspec.generation.policy import (
     Calibration,
+    Option,
     Plan,
     StepPolicy,
+    Timings,
     VerifyCosts,
     acceptance_estimates,
+    choose_options,
     lookup_tree,
+    probing_row,
     shrunk_rate,
     trim,
+    trim_trees,
 )
 from hf_dynaspec.generation.tree import DraftTree, compact, graft_chain
 
@@ -185,12 +190,12 @@ def test_the_next_call_starts_from_what_the_last_one_learned(target, drafter, mo
         ids = prompt(9, seed=seed)
         out = speculative(target, drafter, ids, num_draft_nodes=6, draft_depth=3, max_new_tokens=24)
         assert torch.equal(out, greedy(target, ids, max_new_tokens=24))
-    assert at_start[0].calibration == Calibration() and at_start[0].level_seconds.value is None  # the priors
+    assert at_start[0].calibration == Calibration() and at_start[0].timings.level.value is None  # the priors
     assert keys[0] == keys[1]  # the same settings: the same key
     ended = started[0]  # as the first call left it
     assert sum(ended.calibration.drafted_expected.values()) > 0
     assert at_start[1].calibration == ended.calibration.carried()
-    assert at_start[1].level_seconds == ended.level_seconds and at_start[1].undrafted == 0
+    assert at_start[1].timings == ended.timings and at_start[1].undrafted == 0
     learned.forget_policies(drafter)
 
 
@@ -222,7 +227,7 @@ def test_measured_costs_start_at_one_and_never_fall(target):
 
 
 def test_costs_are_measured_at_the_batch_size_bucket(target):
-    from hf_dynaspec.generation.calibration import batch_bucket
+    from hf_dynaspec.generation.policy import batch_bucket
 
     assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 32)] == [1, 2, 4, 4, 8, 8, 16, 32]
     single = measure_verify_costs(target, max_tokens=5)
@@ -231,12 +236,81 @@ def test_costs_are_measured_at_the_batch_size_bucket(target):
     assert measure_verify_costs(target, max_tokens=5, batch=4) is batched  # memoised per batch size
 
 
-def test_a_row_of_a_batch_counts_the_drafting_of_every_row():
-    """Drafting runs row after row, so each row's work delays the whole batch: with many rows, a draft that pays
-    alone does not."""
-    kinds = {}
-    for rows in (1, 50):
-        policy = StepPolicy(VerifyCosts((1.0, 1.05, 1.1, 1.15)), max_depth=3, rows=rows)
-        drafted_once(policy)
-        kinds[rows] = policy.plan(None, [], room=10).kind
-    assert kinds == {1: "draft", 50: "plain"}
+def test_a_batch_chooses_one_block_for_every_row():
+    """The batch's rate is sum E / (c(N) + sum w): a draft that pays for one row alone does not pay when its
+    drafting delays many rows that would not draft, and a block one row pays for is free up to its size for the
+    others."""
+    costs = VerifyCosts((1.0, 1.05, 1.1, 1.15))
+    plain = Option(Plan("plain"), 1.0, 1)
+    draft = Option(Plan("draft", 3), 2.0, 4, work=0.05)  # alone: 2 / (1.15 + 0.05) = 1.67 > 1
+    assert [o.plan.kind for o in choose_options([[plain, draft]], costs)] == ["draft"]
+    many = choose_options([[plain, draft]] + [[plain]] * 9, costs)  # 11 / 1.2 < 10 / 1
+    assert [o.plan.kind for o in many] == ["plain"] * 10
+    lookup = Option(Plan("lookup", lookup=(7, 8)), 1.5, 3)
+    rows = [[plain, draft], [plain, lookup], [plain, lookup]]  # 5 / 1.2 beats 4 / 1.1 and 3 / 1
+    assert [o.plan.kind for o in choose_options(rows, costs)] == ["draft", "lookup", "lookup"]
+    assert choose_options([[plain, lookup]], VerifyCosts((1.0, 1.3, 1.6))) == [plain]  # 1.5 / 1.6 < 1
+
+
+@pytest.mark.parametrize("weights", [(1.0, 1.0), (0.3, 2.0), (2.0, 0.01)])
+def test_choose_options_finds_the_best_rate_of_every_combination(weights):
+    """Dinkelbach's iteration per block size against brute force over every combination of options."""
+    import itertools
+
+    costs = VerifyCosts((1.0, 1.2, 1.3, 1.5, 1.9, 2.4))
+    menus = [[Option(Plan("plain"), 1.0, 1)] + [
+        Option(Plan("draft", d), 1.0 + weights[0] * (b + 1) * d / 4, 1 + d, work=weights[1] * d / 10)
+        for d in range(1, 6)] for b in range(3)]
+
+    def rate(picks):
+        return sum(o.expected for o in picks) / (costs(max(o.nodes for o in picks)) + sum(o.work for o in picks))
+
+    best = max(rate(picks) for picks in itertools.product(*menus))
+    assert rate(choose_options(menus, costs)) == pytest.approx(best)
+
+
+def test_trees_of_a_batch_are_trimmed_to_one_block():
+    """A block one row's tree pays for is free for the others up to its size: each keeps its best nodes there;
+    a lookup chain is cut to a prefix like any tree."""
+    costs = VerifyCosts((1.0, 1.02, 1.5, 1.6, 1.7))
+    alone = trim(small_tree(), costs, Calibration())
+    assert alone[0].tokens.tolist() == [0, 10]  # one draft is nearly free, a second is dear
+    sure = Calibration(lookup_tested={d: 50.0 for d in (1, 2, 3)}, lookup_accepted={d: 50.0 for d in (1, 2, 3)})
+    (row, expected), (chain, _) = trim_trees([small_tree(), lookup_tree(0, [7, 8, 9])], costs,
+                                             [Calibration(), sure])
+    assert chain.tokens.tolist() == [0, 7, 8, 9]  # a sure chain pays for a block of 4 ...
+    assert row.tokens.tolist() == [0, 10, 11, 12]  # ... where the other row keeps its three best drafts
+    assert expected == pytest.approx(1 + 0.6 + 0.3 + 0.6 * 0.4)
+    (_, _), (unsure, _) = trim_trees([small_tree(), lookup_tree(0, [7, 8, 9])], costs, [Calibration()] * 2)
+    assert unsure.tokens.tolist() == [0, 7]  # rho = 1/2 at every depth: the chain is cut
+
+
+def test_at_most_one_row_probes_and_only_after_quiet_steps():
+    measured = StepPolicy(VerifyCosts((1.0, 5.0)), max_depth=3, probe_every=3)
+    drafted_once(measured)
+    rows = [copy.deepcopy(measured) for _ in range(3)]
+    for row, undrafted in zip(rows, (3, 5, 1)):
+        row.undrafted = undrafted
+    assert probing_row(rows, [10, 10, 10], quiet_steps=2) is None  # the batch drafted recently
+    assert probing_row(rows, [10, 10, 10], quiet_steps=3) == 1  # the most overdue row
+    assert probing_row(rows, [10, 0, 10], quiet_steps=3) == 0  # no room left to draft in row 1
+    unmeasured = StepPolicy(VerifyCosts((1.0, 5.0)), max_depth=3)
+    assert probing_row([rows[0], unmeasured], [10, 10], quiet_steps=0) == 1  # its drafting cost is unknown
+
+
+def test_verifications_correct_the_measured_costs_at_their_batch_bucket():
+    """A cold first-call measurement is rough: c(n) as the call's own verifications took it replaces it, and the
+    measured shape carries that level to the sizes not seen."""
+    measured = VerifyCosts((1.0, 1.1, 1.2, 1.3, 1.4))
+    timings = Timings()
+    for _ in range(3):
+        timings.observe(8, 3, 0.5)  # not used: one token's seconds at 8 rows are not known yet
+    assert timings.costs(measured, 8) == measured
+    for _ in range(3):
+        timings.observe(8, 1, 0.1)
+    for _ in range(3):
+        timings.observe(8, 3, 0.18)
+    corrected = timings.costs(measured, 7)  # 7 rows: the same bucket as 8
+    assert corrected(3) == pytest.approx(1.8) and corrected(2) == pytest.approx(1.1)
+    assert corrected(5) == pytest.approx(1.4 * 1.8 / 1.2)  # the measured shape at the observed level
+    assert timings.costs(measured, 2) == measured  # another bucket: nothing seen there

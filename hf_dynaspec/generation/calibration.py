@@ -26,7 +26,7 @@ from transformers import DynamicCache
 from ..generation_config import DraftSettings
 from . import measured
 from .cache import KeyLayout, crop_cache
-from .policy import VerifyCosts, are_positive_costs, lookup_tree
+from .policy import VerifyCosts, are_positive_costs, batch_bucket, lookup_tree
 from .verifier import Verifier
 from .walk_head import GREEDY_LAYOUTS, LAYOUTS, WalkHead, choose_walk_head, prefilter_blocker
 
@@ -271,11 +271,6 @@ def step_costs(settings: DraftSettings, target: torch.nn.Module, walk_head: Walk
         return None
     largest = 1 + settings.num_draft_nodes + settings.lookup_num_tokens
     return measure_verify_costs(target, min(largest, MAX_MEASURED), walk_head, batch_bucket(batch))
-
-
-def batch_bucket(batch: int) -> int:
-    """The power of two at or above `batch` (1, 2, 4, 8, ...)."""
-    return 1 << max(0, batch - 1).bit_length()
 
 
 def _synchronize(device: torch.device) -> None:

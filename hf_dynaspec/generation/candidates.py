@@ -216,7 +216,12 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             self.stats.add_recall(self.root.in_shortlist(walk.new_tokens[0]))
         self.stats.add_step(len(walk.new_tokens), tree.num_nodes - 1, sum(tree.grafted_list[i] for i in walk.path))
         if target_features is not None:
-            self.pending.append((target_features[walk.path], list(walk.new_tokens)))
+            self.defer(target_features[walk.path], list(walk.new_tokens))
+
+    def defer(self, target_features: torch.Tensor, tokens: list[int]) -> None:
+        """Committed pairs (h_i, x_{i+1}) (target_features (T, k * d), tokens (T,) on the host) for the drafter to
+        read when it next drafts (`catch_up`): a sequence that never drafts never pays for reading them."""
+        self.pending.append((target_features, tokens))
 
     @property
     def read_length(self) -> int:

@@ -35,7 +35,16 @@ from .cache import KeyLayout
 from .calibration import step_costs, walk_head_for
 from .candidates import DynaSpecCandidateGenerator
 from .learned import keep_policy, start_policy
-from .policy import Plan, StepPolicy, lookup_tree
+from .policy import (
+    Option,
+    Plan,
+    StepPolicy,
+    VerifyCosts,
+    choose_options,
+    lookup_tree,
+    probing_row,
+    trim_trees,
+)
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
 from .syncs import HostSyncCounter
 from .tree import VerifyTree
@@ -103,6 +112,7 @@ class _Batch:
     running: list[int]
     stats: SpeculativeStats
     settings: DraftSettings
+    quiet_steps: int = 0  # steps in a row without any row drafting (`policy.probing_row`)
 
     def running_rows(self) -> list[_Run]:
         return [self.rows[i] for i in self.running]
@@ -130,10 +140,10 @@ def speculative_decode(
     rows, ids, attention_mask = split_rows(input_ids, model_kwargs.get("attention_mask"), generation_config,
                                            logits_processor, stopping_criteria, streamer, stats)
     with torch.no_grad():
-        batch, features, next_tokens = prefill(target, rows, ids, attention_mask, drafter.config.feature_layer_ids,
-                                               settings, stats)
+        batch, features = prefill(target, rows, ids, attention_mask, drafter.config.feature_layer_ids, settings,
+                                  stats)
         if batch.running:
-            start_rows(batch, target, drafter, features, next_tokens)
+            start_rows(batch, target, drafter, features)
             with counting_host_reads(target, stats, settings.count_host_reads):
                 while batch.running:
                     speculative_step(target, batch)
@@ -186,11 +196,11 @@ def left_padding(mask: torch.Tensor) -> int:
 
 def prefill(target: torch.nn.Module, rows: list[_Run], ids: torch.LongTensor, attention_mask: torch.Tensor | None,
             feature_layers: list[int], settings: DraftSettings, stats: SpeculativeStats
-            ) -> tuple[_Batch, list[torch.Tensor], list[torch.Tensor]]:
+            ) -> tuple[_Batch, list[torch.Tensor]]:
     """Target over the prompts (B, T') -> each row's first token (the target's own choice); builds the verifier
-    (the LM head's layout: `walk_head_for`). Returns the batch and, per row, what its drafter reads next: the
-    prompt's features (L_b, k * d) (hidden states `feature_layers`; position i predicts x_{i+1}) and the tokens
-    after them (L_b,)."""
+    (the LM head's layout: `walk_head_for`). Returns the batch and, per row, what its drafter reads first: the
+    prompt's features (L_b, k * d) (hidden states `feature_layers`; position i predicts x_{i+1}, the row's
+    token_list[i + 1])."""
     config = rows[0].generation_config
     cache = DynamicCache()
     keys = (KeyLayout.dense(ids.shape[0], ids.shape[1], ids.device) if attention_mask is None
@@ -208,7 +218,7 @@ def prefill(target: torch.nn.Module, rows: list[_Run], ids: torch.LongTensor, at
     verifier = Verifier(target, cache, keys, walk_head, tuple(feature_layers), rows[0].logits_processor,
                         bool(config.do_sample), rows[0].keep_scores)
     all_features = select_hidden_states(out.hidden_states, feature_layers)  # (B, T', k * d)
-    features, next_tokens = [], []
+    features = []
     with stats.timer("prefill", target.device):
         for b, row in enumerate(rows):
             row.token_list = row.input_ids[0].tolist()  # the host copy drafting reads (the lookup branch, root)
@@ -218,26 +228,26 @@ def prefill(target: torch.nn.Module, rows: list[_Run], ids: torch.LongTensor, at
             length = row.input_ids.shape[1]
             row.emit([token], [scores], [raw[b : b + 1]])
             features.append(all_features[b, ids.shape[1] - length :])  # (L_b, k * d): the row's real tokens
-            next_tokens.append(torch.cat([row.input_ids[0, 1:length], row.input_ids.new_tensor([token])]))
     batch = _Batch(rows, verifier, list(range(len(rows))), stats, settings)
     drop_finished(batch)
-    return batch, features, next_tokens
+    return batch, features
 
 
-def start_rows(batch: _Batch, target: torch.nn.Module, drafter: DynaSpecDrafter, features: list[torch.Tensor],
-               next_tokens: list[torch.Tensor]) -> None:
-    """Each running row's drafter (its prompt read) and step policy (costs at this batch size, what earlier
-    calls learned: `learned.start_policy`)."""
+def start_rows(batch: _Batch, target: torch.nn.Module, drafter: DynaSpecDrafter, features: list[torch.Tensor]
+               ) -> None:
+    """Each running row's drafter (its prompt kept to read when the row first drafts: a row that never drafts
+    never pays for it) and step policy (costs at this batch size, what earlier calls learned:
+    `learned.start_policy`)."""
     config, settings = batch.rows[0].generation_config, batch.settings
     with batch.stats.timer("setup"):
         costs = step_costs(settings, target, batch.verifier.walk_head, len(batch.running))
     for index in batch.running:
         row = batch.rows[index]
-        if costs is not None:
+        if costs is not None:  # the rows share one drafter and target: one set of timings
             row.policy = start_policy(drafter, target, policy_key(settings, config), costs, settings.draft_depth)
-            row.policy.rows = len(batch.running)
+            row.policy.timings = batch.rows[batch.running[0]].policy.timings
         row.generator = DynaSpecCandidateGenerator(drafter, settings, row.stats, max_length=config.max_length)
-        row.generator.extend(features[index], next_tokens[index], row.token_list[1:])
+        row.generator.defer(features[index], row.token_list[1:])
 
 
 def policy_key(settings: DraftSettings, generation_config: GenerationConfig) -> tuple:
@@ -274,23 +284,25 @@ def counting_host_reads(target: torch.nn.Module, stats: SpeculativeStats, enable
 
 
 def speculative_step(target: torch.nn.Module, batch: _Batch) -> None:
-    """Choose and build each running row's tree (`choose_tree`), verify them all in one target forward, emit each
+    """Choose and build each running row's tree (`choose_trees`), verify them all in one target forward, emit each
     row's accepted tokens, keep its path in both caches, tell its policy what happened, and let rows that ended
     leave the batch."""
     rows = batch.running_rows()
-    chosen = [choose_tree(row.generator, row, row.policy, row.room()) for row in rows]
+    chosen = choose_trees(batch)
     trees = [tree for _, tree, _, _ in chosen]
     start = time.perf_counter()
     with batch.stats.timer("verify", target.device):
         walks, features = batch.verifier.verify(trees, [row.full_ids() for row in rows])
     verify_seconds = time.perf_counter() - start
     verified = max(tree.num_nodes for tree in trees)  # the padded block every row paid for
-    for row, (plan, tree, predicted, seconds), walk, row_features in zip(rows, chosen, walks, features):
+    for b, (row, (plan, tree, predicted, seconds), walk, row_features) in enumerate(zip(rows, chosen, walks,
+                                                                                        features)):
         row.emit(walk.new_tokens, walk.scores, walk.logits)
         row.generator.accept(tree, walk, None if row.finished else row_features, plan.kind == "draft")
         row.stats.add_prediction(plan.kind, predicted, len(walk.new_tokens), tree.num_nodes - 1)
         if row.policy is not None:
-            row.policy.record(plan, tree, walk.path, {**seconds, "verify": verify_seconds}, verified)
+            timed = {**seconds, "verify": verify_seconds} if b == 0 else seconds  # the rows share their timings
+            row.policy.record(plan, tree, walk.path, timed, verified, len(rows))
     batch.verifier.commit([walk.path for walk in walks])
     drop_finished(batch, target)
 
@@ -308,34 +320,65 @@ def drop_finished(batch: _Batch, target: torch.nn.Module | None = None) -> None:
         with batch.stats.timer("setup"):
             costs = step_costs(batch.settings, target, batch.verifier.walk_head, len(keep))
         for row in batch.running_rows():
-            row.policy.costs, row.policy.rows = costs, len(keep)
+            row.policy.costs = costs
 
 
-def choose_tree(generator: DynaSpecCandidateGenerator, run: _Run, policy: StepPolicy | None, room: int
-                ) -> tuple[Plan, VerifyTree, float | None, dict[str, float]]:
-    """The step's plan and tree, its expected accepted length (None without a policy) and the drafter's seconds
-    ("catch_up", "draft"). Without a policy: the whole configured tree. With one: `policy.plan` first with what
-    is known for free (the root's proposals are stale until the drafter catches up on the last accepted path);
-    a drafted plan pays the catch-up, then is planned again with the fresh proposals (a probe is kept)."""
-    if policy is None:
-        return Plan("draft"), generator.draft(run.input_ids, max_depth=room, committed=run.token_list), None, {}
-    lookup = generator.lookup(run.token_list)[: max(0, room)]
-    plan = policy.plan(generator.root_probs(), lookup, room)
-    seconds: dict[str, float] = {}
-    if plan.kind == "draft" and generator.pending:
-        start = time.perf_counter()
-        generator.catch_up()
-        seconds["catch_up"] = time.perf_counter() - start
-        if not plan.probe:
-            plan = policy.plan(generator.root_probs(), lookup, room)
-    if plan.kind == "draft":
-        start = time.perf_counter()
-        tree = generator.draft(run.input_ids, max_depth=room, committed=run.token_list, depth=plan.depth)
-        seconds["draft"] = time.perf_counter() - start
-        tree, predicted = policy.trim(tree)
-        return plan, tree, predicted, seconds
-    tree = lookup_tree(run.token_list[-1], plan.lookup)  # the root alone when plan.lookup is empty
-    return plan, tree, policy.expected(tree), seconds
+def choose_trees(batch: _Batch) -> list[tuple[Plan, VerifyTree, float | None, dict[str, float]]]:
+    """Each running row's plan and tree, its expected accepted length (None without a policy) and the drafter's
+    seconds ("catch_up", "draft"). Without a policy: the whole configured tree per row. With one, the batch plans
+    as one decision (`policy.choose_options`) in two rounds: first with what is known for free (a root's
+    proposals are stale until its drafter catches up on the last accepted path); the rows that chose to draft
+    pay their catch-up, then the batch plans again with their fresh proposals (rows still stale may not draft
+    then; a probe keeps its plan). The trees are trimmed together (`policy.trim_trees`)."""
+    rows = batch.running_rows()
+    if rows[0].policy is None:
+        return [(Plan("draft"), row.generator.draft(row.input_ids, max_depth=row.room(), committed=row.token_list),
+                 None, {}) for row in rows]
+    rooms = [row.room() for row in rows]
+    lookups = [row.generator.lookup(row.token_list)[: max(0, room)] for row, room in zip(rows, rooms)]
+    probe = probing_row([row.policy for row in rows], rooms, batch.quiet_steps)
+    costs = rows[0].policy.current_costs(len(rows))
+    plans = plan_rows(rows, lookups, rooms, costs, probe)
+    seconds: list[dict[str, float]] = [{} for _ in rows]
+    caught = False
+    for row, plan, spent in zip(rows, plans, seconds):
+        if plan.kind == "draft" and row.generator.pending:
+            start, first = time.perf_counter(), row.generator.committed == 0
+            row.generator.catch_up()
+            spent["read_prompt" if first else "catch_up"] = time.perf_counter() - start  # a prompt: not a catch-up
+            caught = True
+    if caught:
+        probes = {b: p for b, p in enumerate(plans) if p.probe}
+        plans = plan_rows(rows, lookups, rooms, costs, probe, fixed=probes)
+    trees = []
+    for row, plan, room, spent in zip(rows, plans, rooms, seconds):
+        if plan.kind == "draft":
+            start = time.perf_counter()
+            trees.append(row.generator.draft(row.input_ids, max_depth=room, committed=row.token_list,
+                                             depth=plan.depth))
+            spent["draft"] = time.perf_counter() - start
+        else:
+            trees.append(lookup_tree(row.token_list[-1], plan.lookup))  # the root alone when plan.lookup is empty
+    trimmed = trim_trees(trees, costs, [row.policy.calibration for row in rows])
+    batch.quiet_steps = 0 if any(p.kind == "draft" for p in plans) else batch.quiet_steps + 1
+    return [(plan, tree, predicted, spent) for plan, (tree, predicted), spent in zip(plans, trimmed, seconds)]
+
+
+def plan_rows(rows: list[_Run], lookups: list[list[int]], rooms: list[int], costs: VerifyCosts, probe: int | None,
+              fixed: dict[int, Plan] | None = None) -> list[Plan]:
+    """One plan per row, chosen together (`choose_options`): row `probe` probes, rows in `fixed` keep their plan,
+    a row whose drafter has not caught up may draft only in the first round (`fixed` is None)."""
+    first_round, fixed = fixed is None, dict(fixed or {})
+    if probe is not None and probe not in fixed:
+        fixed[probe] = rows[probe].policy.probe(rows[probe].generator.root_probs(), rooms[probe])
+    menus = []
+    for b, (row, lookup, room) in enumerate(zip(rows, lookups, rooms)):
+        policy, root_probs = row.policy, row.generator.root_probs()
+        if b in fixed:  # forced: its drafting is not weighed, and the joint trim sizes its tree
+            menus.append([Option(fixed[b], 1.0, 1)])
+            continue
+        menus.append(policy.options(root_probs, lookup, room, drafts=first_round or root_probs is not None))
+    return [option.plan for option in choose_options(menus, costs)]
 
 
 def choose_token(scores: torch.Tensor, do_sample: bool) -> int:

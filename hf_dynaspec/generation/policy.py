@@ -30,6 +30,14 @@ predicted (E of the verified tree) against the realised accepted length (`specul
 also forced every `probe_every` undrafted steps, so estimates frozen by plain steps are refreshed. Verification
 never trusts a draft: output is exact whatever the policy decides.
 
+A batch of B rows is one decision, not B: one forward verifies every row's tree padded to a block of N tokens
+per row (c = c_B(N), measured at that batch size), and drafting runs row after row, so the batch maximises
+
+    sum_b E_b / (c_B(N) + sum_b w_b)        N = max_b n_b
+
+over one option per row (`choose_options`); trimming keeps a common block (`trim_trees`: below it, a row's nodes
+are free), and at most one row probes per step (`probing_row`). With one row both reduce to the rules above.
+
     python -m pytest tests/test_policy.py -q
 """
 
@@ -43,8 +51,14 @@ from dataclasses import dataclass, field
 from .tree import DraftTree, VerifyTree, close_under_ancestors, compact, graft_chain, subtree
 
 PROBE_EVERY = 8  # undrafted steps in a row before a drafted step refreshes the estimates
+MIN_SEEN = 3  # verifications of one size before their seconds correct the measured cost of that size
 DECAY = 0.8  # weight of the old value in the running means of costs and per-depth profiles
 CARRY_WEIGHT = 64.0  # tested nodes per depth that an earlier call's calibration is worth in the next call
+
+
+def batch_bucket(batch: int) -> int:
+    """The power of two at or above `batch` (1, 2, 4, 8, ...): the batch sizes costs are measured at."""
+    return 1 << max(0, batch - 1).bit_length()
 
 
 def are_positive_costs(values: object) -> bool:
@@ -142,24 +156,10 @@ def acceptance_estimates(tree: VerifyTree, calibration: Calibration) -> list[flo
     return a
 
 
-def best_prefix(gains: Sequence[float], costs: VerifyCosts) -> tuple[int, float]:
-    """(m*, rate): the number of ranked gains a_(1..m) to keep and its expected tokens per unit of cost."""
-    best_m, best_rate, expected = 0, 1.0 / costs(1), 1.0
-    for m, gain in enumerate(gains, start=1):
-        expected += gain
-        rate = expected / costs(m + 1)
-        if rate > best_rate:
-            best_m, best_rate = m, rate
-    return best_m, best_rate
-
-
 def trim(tree: VerifyTree, costs: VerifyCosts, calibration: Calibration) -> tuple[VerifyTree, float]:
-    """The subtree of the best-ranked m* nodes, and its expected accepted length E (module docstring)."""
-    a = acceptance_estimates(tree, calibration)
-    ranked = sorted(range(1, tree.num_nodes), key=lambda i: (-a[i], tree.depth_list[i], i))  # a parent first
-    m, _ = best_prefix([a[i] for i in ranked], costs)
-    keep = close_under_ancestors(tree.parent_list, ranked[:m])
-    return subtree(tree, [0, *keep]), 1.0 + sum(a[i] for i in keep)
+    """The subtree of the best-ranked m* nodes, and its expected accepted length E (module docstring; one row of
+    `trim_trees`)."""
+    return trim_trees([tree], costs, [calibration])[0]
 
 
 def lookup_tree(root_token: int, lookup: Sequence[int]) -> VerifyTree:
@@ -173,9 +173,53 @@ class Running:
     """An exponential running mean (None until the first value)."""
 
     value: float | None = None
+    count: int = 0
 
     def add(self, x: float, decay: float = DECAY) -> None:
         self.value = x if self.value is None else decay * self.value + (1.0 - decay) * x
+        self.count += 1
+
+
+@dataclass
+class Timings:
+    """The drafter's and the target's seconds as the policy measures them online (running means): a plain step
+    (a verification's seconds / c(n)), a catch-up and one drafter expansion. They belong to the drafter and
+    target, not to a sequence: the rows of a batch share one."""
+
+    plain: Running = field(default_factory=Running)
+    catch_up: Running = field(default_factory=Running)
+    level: Running = field(default_factory=Running)
+    unit: dict[int, Running] = field(default_factory=dict)  # rows -> seconds of a verification of one token
+    ratio: dict[tuple[int, int], Running] = field(default_factory=dict)  # (bucket, n) -> observed c(n)
+
+    def observe(self, rows: int, nodes: int, seconds: float) -> None:
+        """A verification of `nodes` tokens per row for `rows` rows took `seconds`: one token's seconds at this
+        many rows, and, once those are known, c(n) as observed at the rows' batch bucket (the measured table's)."""
+        if nodes == 1:
+            self.unit.setdefault(rows, Running()).add(seconds)
+            return
+        unit = self.unit.get(rows)
+        if unit is not None and unit.count >= MIN_SEEN:
+            self.ratio.setdefault((batch_bucket(rows), nodes), Running()).add(seconds / unit.value)
+
+    def costs(self, measured: VerifyCosts, rows: int) -> VerifyCosts:
+        """The measured c(n) corrected by what this call's verifications took: at each n seen `MIN_SEEN` times at
+        this batch bucket, the observed c(n); between and beyond them, the measured c(n) times the ratio at the
+        nearest n seen below (the measurement's shape, the observed level). A cold first-call measurement is
+        rough: the steps themselves correct it."""
+        bucket, table, scale = batch_bucket(rows), [1.0], 1.0
+        for n in range(2, len(measured.costs) + 1):
+            seen = self.ratio.get((bucket, n))
+            if seen is not None and seen.count >= MIN_SEEN:
+                scale = seen.value / measured(n)
+            table.append(max(table[-1], measured(n) * scale))
+        return VerifyCosts(tuple(table))
+
+    def in_plain_steps(self, running: Running) -> float:
+        """Seconds as plain steps (0 before either is measured)."""
+        if running.value is None or not self.plain.value:
+            return 0.0
+        return running.value / self.plain.value
 
 
 @dataclass
@@ -220,81 +264,180 @@ class Plan:
     probe: bool = False  # a forced drafted step at full depth (refreshes the estimates; not re-planned)
 
 
+@dataclass(frozen=True)
+class Option:
+    """A step a row may take: its plan, the tokens it is expected to emit (E), the tree tokens it verifies (n,
+    the root included) and the drafter's work it costs first (w, in plain steps)."""
+
+    plan: Plan
+    expected: float
+    nodes: int
+    work: float = 0.0
+
+
+def choose_options(menus: Sequence[Sequence[Option]], costs: VerifyCosts) -> list[Option]:
+    """One option per row (each menu non-empty), maximising the batch's expected tokens per unit of cost
+
+        R = sum_b E_b / (c(N) + sum_b w_b)        N = max_b n_b
+
+    (one forward runs every row's tree padded to N tokens; drafting runs row after row, so its work adds up).
+    For each block size N, Dinkelbach's iteration: every row takes argmax_{n <= N} E - R w with R the rate of
+    the last choice, until R stops rising (the exact optimum for that N). One row: argmax E / (c(n) + w)."""
+    best: list[Option] = [min(menu, key=lambda o: o.nodes) for menu in menus]
+    best_rate = 0.0
+    for block in sorted({o.nodes for menu in menus for o in menu}):
+        fitting = [[o for o in menu if o.nodes <= block] for menu in menus]
+        if not all(fitting):
+            continue
+        rate = 0.0
+        while True:
+            picks = [max(menu, key=lambda o: o.expected - rate * o.work) for menu in fitting]
+            new = sum(o.expected for o in picks) / (costs(block) + sum(o.work for o in picks))
+            if new <= rate * (1.0 + 1e-12):
+                break
+            rate = new
+            if rate > best_rate:
+                best, best_rate = picks, rate
+    return best
+
+
+def trim_trees(trees: Sequence[VerifyTree], costs: VerifyCosts, calibrations: Sequence[Calibration]
+               ) -> list[tuple[VerifyTree, float]]:
+    """Every row's tree cut to what the batch's verification pays for, each with its expected accepted length E.
+    The drafter's work is spent: only the forward's cost c(N) counts, for a block of N tokens per row,
+
+        N* = argmax_N  sum_b E_b(N) / c(N)     E_b(N) = 1 + a_(1) + ... + a_(N - 1) of row b's ranked nodes
+
+    Below the block a node is free, so each row keeps its best-ranked min(N* - 1, m_b) nodes (a parent ranks
+    before its children; a lookup chain keeps a prefix). One row: m* = argmax_m (1 + a_(1..m)) / c(m + 1)."""
+    ranked = []
+    for tree, calibration in zip(trees, calibrations):
+        a = acceptance_estimates(tree, calibration)
+        order = sorted(range(1, tree.num_nodes), key=lambda i: (-a[i], tree.depth_list[i], i))
+        ranked.append((order, [a[i] for i in order]))
+    largest = max(1 + len(order) for order, _ in ranked)
+
+    def total(block: int) -> float:
+        return sum(1.0 + sum(gains[: block - 1]) for _, gains in ranked)
+
+    block = max(range(1, largest + 1), key=lambda n: (total(n) / costs(n), -n))
+    result = []
+    for tree, (order, gains) in zip(trees, ranked):
+        keep = close_under_ancestors(tree.parent_list, order[: block - 1])
+        result.append((subtree(tree, [0, *keep]), 1.0 + sum(gains[: len(keep)])))
+    return result
+
+
+def probing_row(policies: Sequence[StepPolicy], rooms: Sequence[int], quiet_steps: int) -> int | None:
+    """The row whose step is a forced probe (at most one per step: a probe's drafting delays every row), or None.
+    A row probes while the drafter's cost is unknown or after many shallow drafts; a row whose estimates plain
+    steps froze, once the batch has gone `probe_every` steps without any row drafting (`quiet_steps`): a batch of
+    B rows then probes each row every B * probe_every steps, and no row while drafting pays."""
+    due = [b for b, (policy, room) in enumerate(zip(policies, rooms)) if room >= 1 and policy.probe_due()]
+    urgent = [b for b in due if policies[b].timings.level.value is None
+              or policies[b].shallow >= 2 * policies[b].probe_every]  # unmeasured, or drafting only shallow
+    if urgent:
+        return urgent[0]
+    if not due or quiet_steps < policies[0].probe_every:
+        return None
+    return max(due, key=lambda b: policies[b].undrafted)
+
+
 @dataclass
 class StepPolicy:
-    """The policy of one generate() call (module docstring): `plan` before a step, `trim` a drafted tree,
-    `record` the verified step. Costs are in plain steps; seconds come from the caller."""
+    """The policy of one row of a generate() call (module docstring): `options` (or `plan`, for one row) before a
+    step, `trim` a drafted tree, `record` the verified step. Costs are in plain steps; seconds come from the
+    caller."""
 
     costs: VerifyCosts
     max_depth: int  # the drafter's configured depth
     probe_every: int = PROBE_EVERY
     calibration: Calibration = field(default_factory=Calibration)
     profile: DepthProfile = field(default_factory=DepthProfile)
-    plain_seconds: Running = field(default_factory=Running)  # seconds of c = 1 (a verification / c(n))
-    catch_up_seconds: Running = field(default_factory=Running)
-    level_seconds: Running = field(default_factory=Running)  # one drafter expansion
-    rows: int = 1  # rows sharing each verification: their drafting runs one after another, so each row's work
-    # delays them all (a batch's rate is sum E / (c_B + sum w); a row plans with E / (c_B + rows * w))
+    timings: Timings = field(default_factory=Timings)
     undrafted: int = 0  # steps since the last drafted one
     shallow: int = 0  # drafted steps since the last one at full depth
 
     def carried(self) -> StepPolicy:
         """A policy for the next call of the same drafter, target and settings: what this one learned (the
-        calibration, as a bounded prior; the depth profile and the seconds) kept, its step counters reset."""
+        calibration, as a bounded prior; the depth profile and the timings) kept, its step counters reset."""
         return StepPolicy(
             costs=self.costs, max_depth=self.max_depth, probe_every=self.probe_every,
             calibration=self.calibration.carried(), profile=copy.deepcopy(self.profile),
-            plain_seconds=copy.copy(self.plain_seconds), catch_up_seconds=copy.copy(self.catch_up_seconds),
-            level_seconds=copy.copy(self.level_seconds),
+            timings=copy.deepcopy(self.timings),
         )
 
+    def probe_due(self) -> bool:
+        """Whether a forced probe is due: the drafter's cost unknown, estimates frozen by `probe_every` undrafted
+        steps, or too many shallow drafts since the last one at full depth."""
+        return (self.timings.level.value is None or self.undrafted >= self.probe_every
+                or self.shallow >= 2 * self.probe_every)
+
     def plan(self, root_probs: Sequence[float] | None, lookup: Sequence[int], room: int) -> Plan:
-        """The best step given the root's draft probabilities (None: the drafter has not read the latest
-        tokens yet, and drafting pays for that catch-up), the lookup branch and `room` (drafts a path may
-        still hold). A drafted step planned without the root's probabilities is planned again after the
-        catch-up (`decoding.choose_tree`), unless it is a probe."""
+        """One row's best step (`options`, `choose_options`), or a probe when one is due."""
+        if room >= 1 and self.probe_due():
+            return self.probe(root_probs, room)
+        return choose_options([self.options(root_probs, lookup, room)], self.current_costs())[0].plan
+
+    def current_costs(self, rows: int = 1) -> VerifyCosts:
+        """c(n) at this batch size as measured, corrected by the call's own verifications (`Timings.costs`)."""
+        return self.timings.costs(self.costs, rows)
+
+    def probe(self, root_probs: Sequence[float] | None, room: int) -> Plan:
+        """A forced drafted step at full depth (within `room`)."""
+        return Plan("draft", min(self.max_depth, room), root_mass=self._root_mass(root_probs), probe=True)
+
+    def options(self, root_probs: Sequence[float] | None, lookup: Sequence[int], room: int,
+                drafts: bool = True) -> list[Option]:
+        """The steps this row may take, given the root's draft probabilities (None: the drafter has not read the
+        latest tokens, and drafting pays for that catch-up), the lookup branch and `room` (drafts a path may still
+        hold): plain, each prefix of the lookup branch, and (with `drafts`, once the drafter's cost is measured)
+        a drafted tree per depth, its E predicted from A_1 and the depth profile. A drafted step planned without
+        the root's probabilities is planned again after the catch-up (`decoding.choose_trees`)."""
+        options = [Option(Plan("plain"), 1.0, 1)]
         if room < 1:
-            return Plan("plain")
-        if (self.level_seconds.value is None or self.undrafted >= self.probe_every
-                or self.shallow >= 2 * self.probe_every):
-            return Plan("draft", min(self.max_depth, room), root_mass=self._root_mass(root_probs), probe=True)
+            return options
         lookup_gains = self._lookup_gains(lookup[:room])
-        n_lookup, lookup_rate = best_prefix(lookup_gains, self.costs)
-        best = Plan("lookup", lookup=tuple(lookup[:n_lookup])) if n_lookup else Plan("plain")
-        best_rate = lookup_rate
+        for k in range(1, len(lookup_gains) + 1):
+            options.append(Option(Plan("lookup", lookup=tuple(lookup[:k])), 1.0 + sum(lookup_gains[:k]), 1 + k))
+        if not drafts or self.timings.level.value is None:
+            return options
         root_mass = self._root_mass(root_probs)
-        work = self.rows * self._seconds(self.catch_up_seconds) if root_probs is None else 0.0
+        work = self.timings.in_plain_steps(self.timings.catch_up) if root_probs is None else 0.0
         lookup_share = sum(lookup_gains) * (1.0 - min(1.0, root_mass))  # where the root's drafts miss
         for depth in range(1, min(self.max_depth, room) + 1):
             gain, nodes = self.profile.predict(depth, root_mass)
-            rate = (1.0 + gain + lookup_share) / (self.costs(1 + round(nodes) + len(lookup_gains)) + work)
-            if rate > best_rate:
-                best, best_rate = Plan("draft", depth, root_mass=root_mass), rate
-            work += self.rows * self._seconds(self.level_seconds)
-        return best
+            options.append(Option(Plan("draft", depth, root_mass=root_mass), 1.0 + gain + lookup_share,
+                                  1 + round(nodes) + len(lookup_gains), work))
+            work += self.timings.in_plain_steps(self.timings.level)
+        return options
 
     def trim(self, tree: VerifyTree) -> tuple[VerifyTree, float]:
         """The drafted tree cut to what its verification pays for, and its expected accepted length."""
-        return trim(tree, self.costs, self.calibration)
+        return trim(tree, self.current_costs(), self.calibration)
 
     def expected(self, tree: VerifyTree) -> float:
         """E of a tree verified whole (lookup and plain steps)."""
         return sum(acceptance_estimates(tree, self.calibration))
 
     def record(self, plan: Plan, tree: VerifyTree, path: Sequence[int], seconds: dict[str, float],
-               verified: int | None = None) -> None:
+               verified: int | None = None, rows: int = 1) -> None:
         """After verification: `seconds` of "verify" and, on drafted steps, "catch_up" and "draft" (its levels);
-        `verified`: the nodes per row the forward ran (a batch pads every row's tree to the largest; None: this
-        tree's)."""
-        self.plain_seconds.add(seconds["verify"] / self.costs(verified or tree.num_nodes))
+        `verified`: the nodes per row the forward ran for `rows` rows (a batch pads every row's tree to the
+        largest; None: this tree's). A batch's rows share their timings: record the verification once per step
+        (`seconds` without "verify" for the other rows)."""
+        timings, nodes = self.timings, verified or tree.num_nodes
+        if "verify" in seconds:
+            timings.plain.add(seconds["verify"] / self.current_costs(rows)(nodes))
+            timings.observe(rows, nodes, seconds["verify"])
         if plan.kind == "draft":
             self.profile.add(tree, acceptance_estimates(tree, self.calibration), plan.root_mass, plan.depth)
             if "catch_up" in seconds:
-                self.catch_up_seconds.add(seconds["catch_up"])
+                timings.catch_up.add(seconds["catch_up"])
             if plan.depth > 1:
-                self.level_seconds.add(seconds.get("draft", 0.0) / (plan.depth - 1))
-            elif self.level_seconds.value is None:
-                self.level_seconds.add(0.0)
+                timings.level.add(seconds.get("draft", 0.0) / (plan.depth - 1))
+            elif timings.level.value is None:
+                timings.level.add(0.0)
             self.undrafted = 0
             self.shallow = 0 if plan.depth >= self.max_depth else self.shallow + 1
         else:
@@ -316,9 +459,3 @@ class StepPolicy:
             a *= self.calibration.rho(depth)
             gains.append(a)
         return gains
-
-    def _seconds(self, running: Running) -> float:
-        """Seconds as plain steps (0 before either is measured)."""
-        if running.value is None or not self.plain_seconds.value:
-            return 0.0
-        return running.value / self.plain_seconds.value
