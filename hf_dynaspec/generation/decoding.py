@@ -338,18 +338,19 @@ def choose_trees(batch: _Batch) -> list[tuple[Plan, VerifyTree, float | None, di
     lookups = [row.generator.lookup(row.token_list)[: max(0, room)] for row, room in zip(rows, rooms)]
     probe = probing_row([row.policy for row in rows], rooms, batch.quiet_steps)
     costs = rows[0].policy.current_costs(len(rows))
-    plans = plan_rows(rows, lookups, rooms, costs, probe)
+    root_probs = [row.generator.root_probs() for row in rows]  # one host read per fresh root
+    plans = plan_rows(rows, root_probs, lookups, rooms, costs, probe)
     seconds: list[dict[str, float]] = [{} for _ in rows]
     caught = False
-    for row, plan, spent in zip(rows, plans, seconds):
+    for b, (row, plan, spent) in enumerate(zip(rows, plans, seconds)):
         if plan.kind == "draft" and row.generator.pending:
             start, first = time.perf_counter(), row.generator.committed == 0
             row.generator.catch_up()
             spent["read_prompt" if first else "catch_up"] = time.perf_counter() - start  # a prompt: not a catch-up
-            caught = True
+            root_probs[b], caught = row.generator.root_probs(), True
     if caught:
         probes = {b: p for b, p in enumerate(plans) if p.probe}
-        plans = plan_rows(rows, lookups, rooms, costs, probe, fixed=probes)
+        plans = plan_rows(rows, root_probs, lookups, rooms, costs, probe, fixed=probes)
     trees = []
     for row, plan, room, spent in zip(rows, plans, rooms, seconds):
         if plan.kind == "draft":
@@ -364,20 +365,20 @@ def choose_trees(batch: _Batch) -> list[tuple[Plan, VerifyTree, float | None, di
     return [(plan, tree, predicted, spent) for plan, (tree, predicted), spent in zip(plans, trimmed, seconds)]
 
 
-def plan_rows(rows: list[_Run], lookups: list[list[int]], rooms: list[int], costs: VerifyCosts, probe: int | None,
-              fixed: dict[int, Plan] | None = None) -> list[Plan]:
-    """One plan per row, chosen together (`choose_options`): row `probe` probes, rows in `fixed` keep their plan,
-    a row whose drafter has not caught up may draft only in the first round (`fixed` is None)."""
+def plan_rows(rows: list[_Run], root_probs: list[list[float] | None], lookups: list[list[int]], rooms: list[int],
+              costs: VerifyCosts, probe: int | None, fixed: dict[int, Plan] | None = None) -> list[Plan]:
+    """One plan per row, chosen together (`choose_options`) from each row's root probabilities (None: stale,
+    `generator.root_probs`): row `probe` probes, rows in `fixed` keep their plan, a row whose drafter has not
+    caught up may draft only in the first round (`fixed` is None)."""
     first_round, fixed = fixed is None, dict(fixed or {})
     if probe is not None and probe not in fixed:
-        fixed[probe] = rows[probe].policy.probe(rows[probe].generator.root_probs(), rooms[probe])
+        fixed[probe] = rows[probe].policy.probe(root_probs[probe], rooms[probe])
     menus = []
-    for b, (row, lookup, room) in enumerate(zip(rows, lookups, rooms)):
-        policy, root_probs = row.policy, row.generator.root_probs()
+    for b, (row, probs, lookup, room) in enumerate(zip(rows, root_probs, lookups, rooms)):
         if b in fixed:  # forced: its drafting is not weighed, and the joint trim sizes its tree
             menus.append([Option(fixed[b], 1.0, 1)])
             continue
-        menus.append(policy.options(root_probs, lookup, room, drafts=first_round or root_probs is not None))
+        menus.append(row.policy.options(probs, lookup, room, drafts=first_round or probs is not None))
     return [option.plan for option in choose_options(menus, costs)]
 
 

@@ -346,7 +346,7 @@ def probing_row(policies: Sequence[StepPolicy], rooms: Sequence[int], quiet_step
 @dataclass
 class StepPolicy:
     """The policy of one row of a generate() call (module docstring): `options` (or `plan`, for one row) before a
-    step, `trim` a drafted tree, `record` the verified step. Costs are in plain steps; seconds come from the
+    step, `record` the verified step. Costs are in plain steps; seconds come from the
     caller."""
 
     costs: VerifyCosts
@@ -374,8 +374,9 @@ class StepPolicy:
                 or self.shallow >= 2 * self.probe_every)
 
     def plan(self, root_probs: Sequence[float] | None, lookup: Sequence[int], room: int) -> Plan:
-        """One row's best step (`options`, `choose_options`), or a probe when one is due."""
-        if room >= 1 and self.probe_due():
+        """One row's best step (`options`, `choose_options`), or a probe when one is due (`probing_row`: for one
+        row, the batch's quiet steps are its undrafted ones)."""
+        if probing_row([self], [room], self.undrafted) is not None:
             return self.probe(root_probs, room)
         return choose_options([self.options(root_probs, lookup, room)], self.current_costs())[0].plan
 
@@ -411,10 +412,6 @@ class StepPolicy:
                                   1 + round(nodes) + len(lookup_gains), work))
             work += self.timings.in_plain_steps(self.timings.level)
         return options
-
-    def trim(self, tree: VerifyTree) -> tuple[VerifyTree, float]:
-        """The drafted tree cut to what its verification pays for, and its expected accepted length."""
-        return trim(tree, self.current_costs(), self.calibration)
 
     def expected(self, tree: VerifyTree) -> float:
         """E of a tree verified whole (lookup and plain steps)."""
