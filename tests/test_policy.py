@@ -23,7 +23,7 @@ from hf_dynaspec.generation.policy import (
     acceptance_estimates,
     choose_options,
     lookup_tree,
-    probing_row,
+    probing_rows,
     shrunk_rate,
     trim,
     trim_trees,
@@ -190,7 +190,7 @@ def test_the_next_call_starts_from_what_the_last_one_learned(target, drafter, mo
         ids = prompt(9, seed=seed)
         out = speculative(target, drafter, ids, num_draft_nodes=6, draft_depth=3, max_new_tokens=24)
         assert torch.equal(out, greedy(target, ids, max_new_tokens=24))
-    assert at_start[0].calibration == Calibration() and at_start[0].timings.level.value is None  # the priors
+    assert at_start[0].calibration == Calibration() and not at_start[0].timings.levels  # the priors
     assert keys[0] == keys[1]  # the same settings: the same key
     ended = started[0]  # as the first call left it
     assert sum(ended.calibration.drafted_expected.values()) > 0
@@ -285,17 +285,20 @@ def test_trees_of_a_batch_are_trimmed_to_one_block():
     assert unsure.tokens.tolist() == [0, 7]  # rho = 1/2 at every depth: the chain is cut
 
 
-def test_at_most_one_row_probes_and_only_after_quiet_steps():
+@pytest.mark.parametrize("together", [False, True])
+def test_rows_probe_only_after_quiet_steps_one_at_a_time_unless_drafting_together(together):
     measured = StepPolicy(VerifyCosts((1.0, 5.0)), max_depth=3, probe_every=3)
     drafted_once(measured)
+    measured.timings.together = together
     rows = [copy.deepcopy(measured) for _ in range(3)]
     for row, undrafted in zip(rows, (3, 5, 1)):
         row.undrafted = undrafted
-    assert probing_row(rows, [10, 10, 10], quiet_steps=2) is None  # the batch drafted recently
-    assert probing_row(rows, [10, 10, 10], quiet_steps=3) == 1  # the most overdue row
-    assert probing_row(rows, [10, 0, 10], quiet_steps=3) == 0  # no room left to draft in row 1
+    assert probing_rows(rows, [10, 10, 10], quiet_steps=2) == []  # the batch drafted recently
+    # every row due probes when the rows draft in lockstep; else the most overdue row alone
+    assert probing_rows(rows, [10, 10, 10], quiet_steps=3) == ([0, 1] if together else [1])
+    assert probing_rows(rows, [10, 0, 10], quiet_steps=3) == [0]  # no room left to draft in row 1
     unmeasured = StepPolicy(VerifyCosts((1.0, 5.0)), max_depth=3)
-    assert probing_row([rows[0], unmeasured], [10, 10], quiet_steps=0) == 1  # its drafting cost is unknown
+    assert probing_rows([rows[0], unmeasured], [10, 10], quiet_steps=0) == [1]  # its drafting cost is unknown
 
 
 def test_verifications_correct_the_measured_costs_at_their_batch_bucket():
@@ -306,6 +309,7 @@ def test_verifications_correct_the_measured_costs_at_their_batch_bucket():
     for _ in range(3):
         timings.observe(8, 3, 0.5)  # not used: one token's seconds at 8 rows are not known yet
     assert timings.costs(measured, 8) == measured
+    timings.observe(8, 1, 0.9)  # a shape's first verification pays its kernels' setup: not counted
     for _ in range(3):
         timings.observe(8, 1, 0.1)
     for _ in range(3):

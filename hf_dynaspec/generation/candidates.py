@@ -231,10 +231,16 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
     def catch_up(self) -> None:
         """Extend the drafter with every accepted path not read yet (one call)."""
         if self.pending:
-            features = torch.cat([part for part, _ in self.pending])
-            tokens = [token for _, part in self.pending for token in part]
-            self.pending = []
+            features, tokens = self.take_pending()
             self.extend(features, torch.tensor(tokens, device=features.device), tokens)
+
+    def take_pending(self) -> tuple[torch.Tensor, list[int]]:
+        """The accepted pairs not read yet, features (T, k * d) and tokens (T,) on the host, no longer pending:
+        the caller reads them (`catch_up`, or `lockstep.catch_up_together` for several rows in one call)."""
+        features = torch.cat([part for part, _ in self.pending])
+        tokens = [token for _, part in self.pending for token in part]
+        self.pending = []
+        return features, tokens
 
     def root_probs(self) -> list[float] | None:
         """The root's top-k draft probabilities q on the host (one read), or None while accepted paths wait to
@@ -322,7 +328,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         captured as a graph (`_run_step`)."""
         out = self.drafter(input_ids=tokens[None], hidden_states=parents[None], position_ids=positions[None],
                            attention_mask=mask, cache=self.cache, head_mode=None)
-        head, children = self._children(out.hidden_states[0], out.router_logits[0], budget)
+        head, children = self.head_children(out.hidden_states[0], out.router_logits[0], budget)
         return out.next_hidden_states[0], head, children
 
     def _run_step(
@@ -391,11 +397,11 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             for d in depths
         ]
         with self.stats.timer("head", self.device):
-            head, children = self._children(features, router_logits, budget)
+            head, children = self.head_children(features, router_logits, budget)
         self.stats.add_shortlist(head.shortlist_sizes)
         return head, children
 
-    def _children(self, features: torch.Tensor, router_logits: torch.Tensor, budget: list[int]
+    def head_children(self, features: torch.Tensor, router_logits: torch.Tensor, budget: list[int]
                   ) -> tuple[HeadOutput, Proposals]:
         """The shortlisted head on features (F, d) with cluster budgets (F,), and each node's top-k children."""
         settings = self.settings

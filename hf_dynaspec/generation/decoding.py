@@ -2,7 +2,8 @@
 each row's accepted path) until every row is done.
 
 Three parts make the decoding path, each handing the next what it needs through arguments and return values:
-this loop, drafting (`candidates.py`, one generator per row: `extend`, `draft -> VerifyTree`, `accept`) and
+this loop, drafting (`candidates.py`, one generator per row: `extend`, `draft -> VerifyTree`, `accept`; the rows
+that draft in one step grow their trees in lockstep, one drafter forward per round: `lockstep.py`) and
 verification (`verifier.Verifier`: `verify(trees) -> walks`, `commit(paths)`).
 
 `speculative_decode` is what `target.generate(..., assistant_model=drafter)` runs (see `hook.py`), for a batch
@@ -35,6 +36,7 @@ from .cache import KeyLayout
 from .calibration import step_costs, walk_head_for
 from .candidates import DynaSpecCandidateGenerator
 from .learned import keep_policy, start_policy
+from .lockstep import catch_up_together, draft_together, drafts_together
 from .policy import (
     Option,
     Plan,
@@ -42,7 +44,7 @@ from .policy import (
     VerifyCosts,
     choose_options,
     lookup_tree,
-    probing_row,
+    probing_rows,
     trim_trees,
 )
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
@@ -112,7 +114,7 @@ class _Batch:
     running: list[int]
     stats: SpeculativeStats
     settings: DraftSettings
-    quiet_steps: int = 0  # steps in a row without any row drafting (`policy.probing_row`)
+    quiet_steps: int = 0  # steps in a row without any row drafting (`policy.probing_rows`)
 
     def running_rows(self) -> list[_Run]:
         return [self.rows[i] for i in self.running]
@@ -246,6 +248,7 @@ def start_rows(batch: _Batch, target: torch.nn.Module, drafter: DynaSpecDrafter,
         if costs is not None:  # the rows share one drafter and target: one set of timings
             row.policy = start_policy(drafter, target, policy_key(settings, config), costs, settings.draft_depth)
             row.policy.timings = batch.rows[batch.running[0]].policy.timings
+            row.policy.timings.together = drafts_together(settings)
         row.generator = DynaSpecCandidateGenerator(drafter, settings, row.stats, max_length=config.max_length)
         row.generator.defer(features[index], row.token_list[1:])
 
@@ -289,20 +292,21 @@ def speculative_step(target: torch.nn.Module, batch: _Batch) -> None:
     leave the batch."""
     rows = batch.running_rows()
     chosen = choose_trees(batch)
-    trees = [tree for _, tree, _, _ in chosen]
+    trees = [step.tree for step in chosen]
     start = time.perf_counter()
     with batch.stats.timer("verify", target.device):
         walks, features = batch.verifier.verify(trees, [row.full_ids() for row in rows])
     verify_seconds = time.perf_counter() - start
     verified = max(tree.num_nodes for tree in trees)  # the padded block every row paid for
-    for b, (row, (plan, tree, predicted, seconds), walk, row_features) in enumerate(zip(rows, chosen, walks,
-                                                                                        features)):
+    for b, (row, step, walk, row_features) in enumerate(zip(rows, chosen, walks, features)):
+        plan, tree = step.plan, step.tree
         row.emit(walk.new_tokens, walk.scores, walk.logits)
         row.generator.accept(tree, walk, None if row.finished else row_features, plan.kind == "draft")
-        row.stats.add_prediction(plan.kind, predicted, len(walk.new_tokens), tree.num_nodes - 1)
+        row.stats.add_prediction(plan.kind, step.predicted, len(walk.new_tokens), tree.num_nodes - 1)
         if row.policy is not None:
-            timed = {**seconds, "verify": verify_seconds} if b == 0 else seconds  # the rows share their timings
-            row.policy.record(plan, tree, walk.path, timed, verified, len(rows))
+            timed = {**step.seconds, "verify": verify_seconds} if b == 0 else step.seconds  # shared timings
+            row.policy.record(plan, tree, walk.path, timed, verified, len(rows), step.drafting, step.drafted,
+                              step.catching)
     batch.verifier.commit([walk.path for walk in walks])
     drop_finished(batch, target)
 
@@ -323,63 +327,113 @@ def drop_finished(batch: _Batch, target: torch.nn.Module | None = None) -> None:
             row.policy.costs = costs
 
 
-def choose_trees(batch: _Batch) -> list[tuple[Plan, VerifyTree, float | None, dict[str, float]]]:
-    """Each running row's plan and tree, its expected accepted length (None without a policy) and the drafter's
-    seconds ("catch_up", "draft"). Without a policy: the whole configured tree per row. With one, the batch plans
+@dataclass
+class Chosen:
+    """A row's step: its plan, the tree to verify, its expected accepted length (None without a policy), the
+    drafter's seconds ("catch_up", "draft") and the tree as drafted (before the batch's trim)."""
+
+    plan: Plan
+    tree: VerifyTree
+    predicted: float | None
+    seconds: dict[str, float]
+    drafted: VerifyTree
+    drafting: int = 1  # rows whose drafting `seconds` covers (lockstep), and whose catch-up
+    catching: int = 1
+
+
+def choose_trees(batch: _Batch) -> list[Chosen]:
+    """Each running row's step (`Chosen`). Without a policy: the whole configured tree per row. With one, the batch plans
     as one decision (`policy.choose_options`) in two rounds: first with what is known for free (a root's
     proposals are stale until its drafter catches up on the last accepted path); the rows that chose to draft
     pay their catch-up, then the batch plans again with their fresh proposals (rows still stale may not draft
     then; a probe keeps its plan). The trees are trimmed together (`policy.trim_trees`)."""
     rows = batch.running_rows()
-    if rows[0].policy is None:
-        return [(Plan("draft"), row.generator.draft(row.input_ids, max_depth=row.room(), committed=row.token_list),
-                 None, {}) for row in rows]
     rooms = [row.room() for row in rows]
+    if rows[0].policy is None:
+        plans = [Plan("draft", batch.settings.draft_depth) for _ in rows]
+        seconds = [{} for _ in rows]
+        trees = draft_trees(rows, plans, rooms, seconds, drafts_together(batch.settings))
+        return [Chosen(plan, tree, None, spent, tree) for plan, tree, spent in zip(plans, trees, seconds)]
     lookups = [row.generator.lookup(row.token_list)[: max(0, room)] for row, room in zip(rows, rooms)]
-    probe = probing_row([row.policy for row in rows], rooms, batch.quiet_steps)
+    probes = probing_rows([row.policy for row in rows], rooms, batch.quiet_steps)
     costs = rows[0].policy.current_costs(len(rows))
     root_probs = [row.generator.root_probs() for row in rows]  # one host read per fresh root
-    plans = plan_rows(rows, root_probs, lookups, rooms, costs, probe)
+    plans = plan_rows(rows, root_probs, lookups, rooms, costs, probes)
     seconds: list[dict[str, float]] = [{} for _ in rows]
-    caught = False
-    for b, (row, plan, spent) in enumerate(zip(rows, plans, seconds)):
-        if plan.kind == "draft" and row.generator.pending:
-            start, first = time.perf_counter(), row.generator.committed == 0
-            row.generator.catch_up()
-            spent["read_prompt" if first else "catch_up"] = time.perf_counter() - start  # a prompt: not a catch-up
-            root_probs[b], caught = row.generator.root_probs(), True
-    if caught:
-        probes = {b: p for b, p in enumerate(plans) if p.probe}
-        plans = plan_rows(rows, root_probs, lookups, rooms, costs, probe, fixed=probes)
-    trees = []
-    for row, plan, room, spent in zip(rows, plans, rooms, seconds):
-        if plan.kind == "draft":
-            start = time.perf_counter()
-            trees.append(row.generator.draft(row.input_ids, max_depth=room, committed=row.token_list,
-                                             depth=plan.depth))
-            spent["draft"] = time.perf_counter() - start
-        else:
-            trees.append(lookup_tree(row.token_list[-1], plan.lookup))  # the root alone when plan.lookup is empty
+    together = drafts_together(batch.settings)
+    stale = [b for b, plan in enumerate(plans) if plan.kind == "draft" and rows[b].generator.pending]
+    catching = catch_up_rows(rows, stale, seconds, together)
+    if stale:
+        for b in stale:
+            root_probs[b] = rows[b].generator.root_probs()
+        probed = {b: p for b, p in enumerate(plans) if p.probe}
+        plans = plan_rows(rows, root_probs, lookups, rooms, costs, probes, fixed=probed)
+    trees = draft_trees(rows, plans, rooms, seconds, together)
     trimmed = trim_trees(trees, costs, [row.policy.calibration for row in rows])
     batch.quiet_steps = 0 if any(p.kind == "draft" for p in plans) else batch.quiet_steps + 1
-    return [(plan, tree, predicted, spent) for plan, (tree, predicted), spent in zip(plans, trimmed, seconds)]
+    drafting = sum(plan.kind == "draft" for plan in plans) if together else 1
+    return [Chosen(plan, tree, predicted, spent, drafted, drafting, catching)
+            for plan, (tree, predicted), spent, drafted in zip(plans, trimmed, seconds, trees)]
+
+
+def catch_up_rows(rows: list[_Run], stale: list[int], seconds: list[dict[str, float]], together: bool) -> int:
+    """Rows `stale` read their accepted paths (together: `lockstep.catch_up_together`, one forward for those
+    reading a path and one for those reading their prompt, each's seconds given to its first row); a prompt's
+    reading is timed apart ("read_prompt": not a catch-up). Returns the rows one "catch_up" time covers."""
+    prompts = [b for b in stale if rows[b].generator.committed == 0]
+    paths = [b for b in stale if rows[b].generator.committed > 0]
+    for group, name in ((prompts, "read_prompt"), (paths, "catch_up")):
+        for part in ([group] if together and group else [[b] for b in group]):
+            start = time.perf_counter()
+            catch_up_together([rows[b].generator for b in part])
+            seconds[part[0]][name] = time.perf_counter() - start
+    return len(paths) if together and paths else 1
+
+
+def draft_trees(rows: list[_Run], plans: list[Plan], rooms: list[int], seconds: list[dict[str, float]],
+                together: bool) -> list[VerifyTree]:
+    """Each row's tree for its plan: drafted (in lockstep when `together` and several rows draft:
+    `lockstep.draft_together`, its seconds given to the deepest of them), the lookup branch, or the root alone.
+    Adds the drafting seconds to `seconds` ("draft")."""
+    trees: list[VerifyTree | None] = [None if plan.kind == "draft" else lookup_tree(row.token_list[-1], plan.lookup)
+                                      for row, plan in zip(rows, plans)]  # the root alone when plan.lookup is ()
+    drafting = [b for b, plan in enumerate(plans) if plan.kind == "draft"]
+    if together and len(drafting) > 1:
+        start = time.perf_counter()
+        drafted = draft_together([rows[b].generator for b in drafting], [rows[b].token_list for b in drafting],
+                                 [rooms[b] for b in drafting], [plans[b].depth for b in drafting])
+        deepest = max(drafting, key=lambda b: plans[b].depth)
+        seconds[deepest]["draft"] = time.perf_counter() - start
+        for b, tree in zip(drafting, drafted):
+            trees[b] = tree
+        return trees
+    for b in drafting:
+        start = time.perf_counter()
+        trees[b] = rows[b].generator.draft(rows[b].input_ids, max_depth=rooms[b], committed=rows[b].token_list,
+                                           depth=plans[b].depth)
+        seconds[b]["draft"] = time.perf_counter() - start
+    return trees
 
 
 def plan_rows(rows: list[_Run], root_probs: list[list[float] | None], lookups: list[list[int]], rooms: list[int],
-              costs: VerifyCosts, probe: int | None, fixed: dict[int, Plan] | None = None) -> list[Plan]:
+              costs: VerifyCosts, probes: list[int], fixed: dict[int, Plan] | None = None) -> list[Plan]:
     """One plan per row, chosen together (`choose_options`) from each row's root probabilities (None: stale,
-    `generator.root_probs`): row `probe` probes, rows in `fixed` keep their plan, a row whose drafter has not
+    `generator.root_probs`): rows `probes` probe, rows in `fixed` keep their plan, a row whose drafter has not
     caught up may draft only in the first round (`fixed` is None)."""
     first_round, fixed = fixed is None, dict(fixed or {})
-    if probe is not None and probe not in fixed:
-        fixed[probe] = rows[probe].policy.probe(root_probs[probe], rooms[probe])
+    for probe in probes:
+        if probe not in fixed:
+            fixed[probe] = rows[probe].policy.probe(root_probs[probe], rooms[probe])
     menus = []
     for b, (row, probs, lookup, room) in enumerate(zip(rows, root_probs, lookups, rooms)):
         if b in fixed:  # forced: its drafting is not weighed, and the joint trim sizes its tree
             menus.append([Option(fixed[b], 1.0, 1)])
             continue
         menus.append(row.policy.options(probs, lookup, room, drafts=first_round or probs is not None))
-    return [option.plan for option in choose_options(menus, costs)]
+    timings = rows[0].policy.timings
+    stale = first_round and any(probs is None for b, probs in enumerate(root_probs) if b not in fixed)
+    shared_catch_up = timings.catch_up_costs()[0] if stale else 0.0  # paid once by the rows catching up
+    return [option.plan for option in choose_options(menus, costs, timings.level_costs()[0], shared_catch_up)]
 
 
 def choose_token(scores: torch.Tensor, do_sample: bool) -> int:

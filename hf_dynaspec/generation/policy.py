@@ -31,12 +31,18 @@ also forced every `probe_every` undrafted steps, so estimates frozen by plain st
 never trusts a draft: output is exact whatever the policy decides.
 
 A batch of B rows is one decision, not B: one forward verifies every row's tree padded to a block of N tokens
-per row (c = c_B(N), measured at that batch size), and drafting runs row after row, so the batch maximises
+per row (c = c_B(N), measured at that batch size), and the drafting rows grow their trees in lockstep
+(`lockstep`: one drafter forward per round for all of them; a round for S rows costs s + S u, the line through
+the rounds timed so far), so the batch maximises
 
-    sum_b E_b / (c_B(N) + sum_b w_b)        N = max_b n_b
+    sum_b E_b / (c_B(N) + (D - 1) s + sum_b w_b)        N = max_b n_b,  D = max_b depth_b
 
-over one option per row (`choose_options`); trimming keeps a common block (`trim_trees`: below it, a row's nodes
-are free), and at most one row probes per step (`probing_row`). With one row both reduce to the rules above.
+over one option per row (`choose_options`; w_b: the row's share of the catch-up and its (depth_b - 1) u; the
+catch-up's shared part is paid once too; where rows draft one after another, nothing is shared and u is one row's
+round); trimming keeps a common block (`trim_trees`: below it, a row's nodes are free), and the rows due a probe
+probe together where they draft in lockstep, else one per step (`probing_rows`). The depth profile learns from
+what each row's own trim keeps of its drafted tree, not the batch's (a lone drafting row's tree is cut by a block
+every row pays for). With one row all of this reduces to the rules above.
 
     python -m pytest tests/test_policy.py -q
 """
@@ -183,18 +189,27 @@ class Running:
 @dataclass
 class Timings:
     """The drafter's and the target's seconds as the policy measures them online (running means): a plain step
-    (a verification's seconds / c(n)), a catch-up and one drafter expansion. They belong to the drafter and
-    target, not to a sequence: the rows of a batch share one."""
+    (a verification's seconds / c(n)), and per number of rows doing it together, a catch-up and one round of
+    drafter expansions. They belong to the drafter and target, not to a sequence: the rows of a batch share one.
+    `together`: the rows of a step catch up and draft in lockstep (`lockstep.drafts_together`: one forward for
+    all), else one after another."""
 
     plain: Running = field(default_factory=Running)
-    catch_up: Running = field(default_factory=Running)
-    level: Running = field(default_factory=Running)
+    catch_ups: dict[int, Running] = field(default_factory=dict)  # rows catching up together -> seconds
+    levels: dict[int, Running] = field(default_factory=dict)  # rows drafting together -> seconds of one round
+    together: bool = True
     unit: dict[int, Running] = field(default_factory=dict)  # rows -> seconds of a verification of one token
     ratio: dict[tuple[int, int], Running] = field(default_factory=dict)  # (bucket, n) -> observed c(n)
+    shapes: set[tuple[int, int]] = field(default_factory=set)  # (rows, n) verified at least once
 
     def observe(self, rows: int, nodes: int, seconds: float) -> None:
         """A verification of `nodes` tokens per row for `rows` rows took `seconds`: one token's seconds at this
-        many rows, and, once those are known, c(n) as observed at the rows' batch bucket (the measured table's)."""
+        many rows, and, once those are known, c(n) as observed at the rows' batch bucket (the measured table's).
+        The first verification of each shape is not counted: it pays the kernels' one-time setup for that shape
+        (on a CPU, several times a later one's seconds)."""
+        if (rows, nodes) not in self.shapes:
+            self.shapes.add((rows, nodes))
+            return
         if nodes == 1:
             self.unit.setdefault(rows, Running()).add(seconds)
             return
@@ -214,6 +229,37 @@ class Timings:
                 scale = seen.value / measured(n)
             table.append(max(table[-1], measured(n) * scale))
         return VerifyCosts(tuple(table))
+
+    def observe_level(self, rows: int, seconds: float) -> None:
+        """One round of expansions for `rows` rows drafting together took `seconds`."""
+        self.levels.setdefault(rows, Running()).add(seconds)
+
+    def observe_catch_up(self, rows: int, seconds: float) -> None:
+        """`rows` rows reading their accepted paths together took `seconds`."""
+        self.catch_ups.setdefault(rows, Running()).add(seconds)
+
+    def level_costs(self) -> tuple[float, float]:
+        """(shared, per row): one round of expansions for S rows costs shared + S * per_row plain steps (`line`)."""
+        return self.line(self.levels)
+
+    def catch_up_costs(self) -> tuple[float, float]:
+        """(shared, per row): S rows catching up cost shared + S * per_row plain steps (`line`)."""
+        return self.line(self.catch_ups)
+
+    def line(self, seen: dict[int, Running]) -> tuple[float, float]:
+        """(shared, per row) in plain steps from seconds seen per row count. Together: the line through them, least
+        squares over the row counts (one count seen: all of it shared); one row after another: nothing shared.
+        (0, 0) before anything is measured."""
+        if not seen or not self.plain.value:
+            return 0.0, 0.0
+        points = sorted((rows, running.value / self.plain.value) for rows, running in seen.items())
+        if not self.together:
+            return 0.0, points[0][1] / points[0][0]
+        mean_rows = sum(r for r, _ in points) / len(points)
+        mean_cost = sum(c for _, c in points) / len(points)
+        spread = sum((r - mean_rows) ** 2 for r, _ in points)
+        slope = max(0.0, sum((r - mean_rows) * (c - mean_cost) for r, c in points) / spread) if spread else 0.0
+        return max(0.0, mean_cost - slope * mean_rows), slope
 
     def in_plain_steps(self, running: Running) -> float:
         """Seconds as plain steps (0 before either is measured)."""
@@ -267,7 +313,8 @@ class Plan:
 @dataclass(frozen=True)
 class Option:
     """A step a row may take: its plan, the tokens it is expected to emit (E), the tree tokens it verifies (n,
-    the root included) and the drafter's work it costs first (w, in plain steps)."""
+    the root included) and the drafter's work it costs this row alone (w, in plain steps: its catch-up and its
+    share of each round of expansions; the rounds' shared part is the batch's, `choose_options`)."""
 
     plan: Plan
     expected: float
@@ -275,29 +322,37 @@ class Option:
     work: float = 0.0
 
 
-def choose_options(menus: Sequence[Sequence[Option]], costs: VerifyCosts) -> list[Option]:
+def choose_options(menus: Sequence[Sequence[Option]], costs: VerifyCosts, shared_level: float = 0.0,
+                   shared_catch_up: float = 0.0) -> list[Option]:
     """One option per row (each menu non-empty), maximising the batch's expected tokens per unit of cost
 
-        R = sum_b E_b / (c(N) + sum_b w_b)        N = max_b n_b
+        R = sum_b E_b / (c(N) + [D >= 1] s_c + (D - 1) s + sum_b w_b)        N = max_b n_b,  D = max_b depth_b
 
-    (one forward runs every row's tree padded to N tokens; drafting runs row after row, so its work adds up).
-    For each block size N, Dinkelbach's iteration: every row takes argmax_{n <= N} E - R w with R the rate of
-    the last choice, until R stops rising (the exact optimum for that N). One row: argmax E / (c(n) + w)."""
+    (one forward runs every row's tree padded to N tokens; the drafting rows catch up together, costing
+    `shared_catch_up` s_c once plus each stale row's share, and grow their trees in D - 1 rounds, each costing
+    `shared_level` s once plus each row's share; the shares are in w). For each block size N and deepest draft D,
+    Dinkelbach's iteration: every row takes argmax E - R w over its options with n <= N and depth <= D, R the
+    rate of the last choice, until R stops rising (the exact optimum for that N and D). One row:
+    argmax E / (c(n) + (depth - 1) s + w)."""
     best: list[Option] = [min(menu, key=lambda o: o.nodes) for menu in menus]
     best_rate = 0.0
+    depths = sorted({o.plan.depth for menu in menus for o in menu})
     for block in sorted({o.nodes for menu in menus for o in menu}):
-        fitting = [[o for o in menu if o.nodes <= block] for menu in menus]
-        if not all(fitting):
-            continue
-        rate = 0.0
-        while True:
-            picks = [max(menu, key=lambda o: o.expected - rate * o.work) for menu in fitting]
-            new = sum(o.expected for o in picks) / (costs(block) + sum(o.work for o in picks))
-            if new <= rate * (1.0 + 1e-12):
-                break
-            rate = new
-            if rate > best_rate:
-                best, best_rate = picks, rate
+        by_block = [[o for o in menu if o.nodes <= block] for menu in menus]
+        for deepest in depths:
+            fitting = [[o for o in menu if o.plan.depth <= deepest] for menu in by_block]
+            if not all(fitting):
+                continue
+            fixed = costs(block) + max(0, deepest - 1) * shared_level + (shared_catch_up if deepest >= 1 else 0.0)
+            rate = 0.0
+            while True:
+                picks = [max(menu, key=lambda o: o.expected - rate * o.work) for menu in fitting]
+                new = sum(o.expected for o in picks) / (fixed + sum(o.work for o in picks))
+                if new <= rate * (1.0 + 1e-12):
+                    break
+                rate = new
+                if rate > best_rate:
+                    best, best_rate = picks, rate
     return best
 
 
@@ -328,19 +383,22 @@ def trim_trees(trees: Sequence[VerifyTree], costs: VerifyCosts, calibrations: Se
     return result
 
 
-def probing_row(policies: Sequence[StepPolicy], rooms: Sequence[int], quiet_steps: int) -> int | None:
-    """The row whose step is a forced probe (at most one per step: a probe's drafting delays every row), or None.
-    A row probes while the drafter's cost is unknown or after many shallow drafts; a row whose estimates plain
-    steps froze, once the batch has gone `probe_every` steps without any row drafting (`quiet_steps`): a batch of
-    B rows then probes each row every B * probe_every steps, and no row while drafting pays."""
+def probing_rows(policies: Sequence[StepPolicy], rooms: Sequence[int], quiet_steps: int) -> list[int]:
+    """The rows whose step is a forced probe. A row probes while the drafter's cost is unknown or after many
+    shallow drafts; a row whose estimates plain steps froze, once the batch has gone `probe_every` steps without
+    any row drafting (`quiet_steps`), so that no row probes while drafting pays. Rows drafting in lockstep
+    (`Timings.together`) probe together: every row due, for about the drafting of one. Rows drafting one after
+    another probe one at a time (a probe's drafting delays every row): the most overdue, so a batch of B rows
+    probes each row every B * probe_every steps."""
     due = [b for b, (policy, room) in enumerate(zip(policies, rooms)) if room >= 1 and policy.probe_due()]
-    urgent = [b for b in due if policies[b].timings.level.value is None
+    urgent = [b for b in due if not policies[b].timings.levels
               or policies[b].shallow >= 2 * policies[b].probe_every]  # unmeasured, or drafting only shallow
+    together = policies[0].timings.together
     if urgent:
-        return urgent[0]
+        return urgent if together else urgent[:1]
     if not due or quiet_steps < policies[0].probe_every:
-        return None
-    return max(due, key=lambda b: policies[b].undrafted)
+        return []
+    return due if together else [max(due, key=lambda b: policies[b].undrafted)]
 
 
 @dataclass
@@ -370,15 +428,17 @@ class StepPolicy:
     def probe_due(self) -> bool:
         """Whether a forced probe is due: the drafter's cost unknown, estimates frozen by `probe_every` undrafted
         steps, or too many shallow drafts since the last one at full depth."""
-        return (self.timings.level.value is None or self.undrafted >= self.probe_every
+        return (not self.timings.levels or self.undrafted >= self.probe_every
                 or self.shallow >= 2 * self.probe_every)
 
     def plan(self, root_probs: Sequence[float] | None, lookup: Sequence[int], room: int) -> Plan:
-        """One row's best step (`options`, `choose_options`), or a probe when one is due (`probing_row`: for one
+        """One row's best step (`options`, `choose_options`), or a probe when one is due (`probing_rows`: for one
         row, the batch's quiet steps are its undrafted ones)."""
-        if probing_row([self], [room], self.undrafted) is not None:
+        if probing_rows([self], [room], self.undrafted):
             return self.probe(root_probs, room)
-        return choose_options([self.options(root_probs, lookup, room)], self.current_costs())[0].plan
+        menu, costs = [self.options(root_probs, lookup, room)], self.current_costs()
+        shared_catch_up = self.timings.catch_up_costs()[0] if root_probs is None else 0.0
+        return choose_options(menu, costs, self.timings.level_costs()[0], shared_catch_up)[0].plan
 
     def current_costs(self, rows: int = 1) -> VerifyCosts:
         """c(n) at this batch size as measured, corrected by the call's own verifications (`Timings.costs`)."""
@@ -401,16 +461,17 @@ class StepPolicy:
         lookup_gains = self._lookup_gains(lookup[:room])
         for k in range(1, len(lookup_gains) + 1):
             options.append(Option(Plan("lookup", lookup=tuple(lookup[:k])), 1.0 + sum(lookup_gains[:k]), 1 + k))
-        if not drafts or self.timings.level.value is None:
+        if not drafts or not self.timings.levels:
             return options
         root_mass = self._root_mass(root_probs)
-        work = self.timings.in_plain_steps(self.timings.catch_up) if root_probs is None else 0.0
+        work = self.timings.catch_up_costs()[1] if root_probs is None else 0.0  # the shared parts: the batch's
+        _, per_row = self.timings.level_costs()
         lookup_share = sum(lookup_gains) * (1.0 - min(1.0, root_mass))  # where the root's drafts miss
         for depth in range(1, min(self.max_depth, room) + 1):
             gain, nodes = self.profile.predict(depth, root_mass)
             options.append(Option(Plan("draft", depth, root_mass=root_mass), 1.0 + gain + lookup_share,
                                   1 + round(nodes) + len(lookup_gains), work))
-            work += self.timings.in_plain_steps(self.timings.level)
+            work += per_row
         return options
 
     def expected(self, tree: VerifyTree) -> float:
@@ -418,23 +479,29 @@ class StepPolicy:
         return sum(acceptance_estimates(tree, self.calibration))
 
     def record(self, plan: Plan, tree: VerifyTree, path: Sequence[int], seconds: dict[str, float],
-               verified: int | None = None, rows: int = 1) -> None:
-        """After verification: `seconds` of "verify" and, on drafted steps, "catch_up" and "draft" (its levels);
+               verified: int | None = None, rows: int = 1, drafting: int = 1, drafted: VerifyTree | None = None,
+               catching: int = 1) -> None:
+        """After verification of `tree`: `seconds` of "verify" and, on drafted steps, "catch_up" (for `catching`
+        rows together) and "draft" (its rounds of expansions, `plan.depth - 1`, for `drafting` rows in lockstep);
         `verified`: the nodes per row the forward ran for `rows` rows (a batch pads every row's tree to the
         largest; None: this tree's). A batch's rows share their timings: record the verification once per step
-        (`seconds` without "verify" for the other rows)."""
+        (`seconds` without "verify" for the other rows), and rows working together their catch-up and rounds once
+        (one row's `seconds`: the deepest row's rounds). `drafted`: the tree
+        as drafted, before the batch's trim (None: `tree`); the depth profile keeps what this row's own trim at
+        this batch size keeps of it, what drafting gives the row whatever the other rows did this step."""
         timings, nodes = self.timings, verified or tree.num_nodes
         if "verify" in seconds:
             timings.plain.add(seconds["verify"] / self.current_costs(rows)(nodes))
             timings.observe(rows, nodes, seconds["verify"])
         if plan.kind == "draft":
-            self.profile.add(tree, acceptance_estimates(tree, self.calibration), plan.root_mass, plan.depth)
+            own = tree if drafted is None else trim(drafted, self.current_costs(rows), self.calibration)[0]
+            self.profile.add(own, acceptance_estimates(own, self.calibration), plan.root_mass, plan.depth)
             if "catch_up" in seconds:
-                timings.catch_up.add(seconds["catch_up"])
-            if plan.depth > 1:
-                timings.level.add(seconds.get("draft", 0.0) / (plan.depth - 1))
-            elif timings.level.value is None:
-                timings.level.add(0.0)
+                timings.observe_catch_up(catching, seconds["catch_up"])
+            if "draft" in seconds and plan.depth > 1:
+                timings.observe_level(drafting, seconds["draft"] / (plan.depth - 1))
+            elif not timings.levels:
+                timings.observe_level(drafting, 0.0)
             self.undrafted = 0
             self.shallow = 0 if plan.depth >= self.max_depth else self.shallow + 1
         else:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +33,8 @@ from ..generation_config import DraftSettings
 
 Expand = Callable[[list[int]], tuple[torch.Tensor, torch.Tensor]]  # nodes -> (F, k) tokens, (F, k) logp
 Proposals = tuple[torch.Tensor, torch.Tensor]  # (F, k) tokens, (F, k) log q
+Growth = Generator[list[int], Proposals, "VerifyTree"]  # yields frontiers, is sent their proposals, returns the tree
+ExpandRows = Callable[[dict[int, list[int]]], dict[int, Proposals]]  # {row: nodes} -> {row: proposals}
 
 
 @dataclass
@@ -135,15 +137,51 @@ def grow_tree(
     policy, graft the `lookup` chain (tokens proposed after the root by `lookup.find_continuation`) and return
     the compact tree; both within `depth_limits(settings, max_depth)`, and no drafter node deeper than
     `depth_limit` (None: no further limit; the step policy's choice)."""
+    growth = growing(tree, root_children, settings, max_depth, lookup, depth_limit)
+    return grow_together([growth], lambda frontiers: {row: expand(nodes) for row, nodes in frontiers.items()})[0]
+
+
+def growing(
+    tree: DraftTree,
+    root_children: Proposals,
+    settings: DraftSettings,
+    max_depth: int | None = None,
+    lookup: Sequence[int] = (),
+    depth_limit: int | None = None,
+) -> Growth:
+    """`grow_tree` as a growth: it yields each frontier to expand (pool nodes), is sent their proposals (F, k)
+    each, and returns the compact tree. Several growths advance together in `grow_together`."""
     depth, lookup_length = depth_limits(settings, max_depth)
     depth = depth if depth_limit is None else min(depth, depth_limit)
     if depth < 1:
         selected = [0]
     elif settings.tree_policy == "dyspec":
-        selected = _grow_dyspec(tree, root_children, expand, settings, depth)
+        selected = yield from _grow_dyspec(tree, root_children, settings, depth)
     else:
-        selected = _grow_eagle2(tree, root_children, expand, settings, depth)
+        selected = yield from _grow_eagle2(tree, root_children, settings, depth)
     return compact(tree, graft_chain(tree, selected, list(lookup)[:lookup_length]))
+
+
+def grow_together(growths: Sequence[Growth], expand_rows: ExpandRows) -> list[VerifyTree]:
+    """Advance several trees in lockstep: each round, the frontier of every tree still growing is expanded by
+    one `expand_rows({row: nodes}) -> {row: proposals}` call (one drafter forward for all the rows)."""
+    trees: list[VerifyTree | None] = [None] * len(growths)
+    frontiers: dict[int, list[int]] = {}
+
+    def advance(row: int, proposals: Proposals | None) -> None:
+        try:
+            frontiers[row] = next(growths[row]) if proposals is None else growths[row].send(proposals)
+        except StopIteration as done:
+            trees[row] = done.value
+
+    for row in range(len(growths)):
+        advance(row, None)
+    while frontiers:
+        asked, frontiers = frontiers, {}
+        proposals = expand_rows(asked)
+        for row in asked:
+            advance(row, proposals[row])
+    return trees
 
 
 def graft_chain(tree: DraftTree, selected: list[int], tokens: list[int]) -> list[int]:
@@ -172,8 +210,8 @@ def min_log_q(settings: DraftSettings) -> float:
 
 
 def _grow_eagle2(
-    tree: DraftTree, root_children: Proposals, expand: Expand, settings: DraftSettings, depth: int
-) -> list[int]:
+    tree: DraftTree, root_children: Proposals, settings: DraftSettings, depth: int
+) -> Generator[list[int], Proposals, list[int]]:
     k, floor = settings.draft_top_k, min_log_q(settings)
     layer = tree.add_children([0], *root_children, floor)
     for _ in range(depth - 1):
@@ -181,15 +219,15 @@ def _grow_eagle2(
         frontier = sorted(layer, key=lambda n: -tree.log_q[n])[:k]
         if not frontier:
             break
-        layer = tree.add_children(frontier, *expand(frontier), floor)  # expand: (F, k) each
+        layer = tree.add_children(frontier, *(yield frontier), floor)  # proposals: (F, k) each
     # global re-rank; ties go to the shallower node so that a parent always precedes its children
     ranked = sorted(range(1, len(tree.tokens)), key=lambda n: (-tree.log_q[n], tree.depths[n]))
     return [0, *close_under_ancestors(tree.parents, ranked[: settings.num_draft_nodes])]
 
 
 def _grow_dyspec(
-    tree: DraftTree, root_children: Proposals, expand: Expand, settings: DraftSettings, depth: int
-) -> list[int]:
+    tree: DraftTree, root_children: Proposals, settings: DraftSettings, depth: int
+) -> Generator[list[int], Proposals, list[int]]:
     budget, width, floor = settings.num_draft_nodes, settings.draft_top_k, min_log_q(settings)
     selected = [0]
     heap: list[tuple[float, int]] = []  # (-log q(path), node): a max-heap on q(path)
@@ -204,7 +242,7 @@ def _grow_dyspec(
         selected.extend(batch)
         # expanding is useless once the budget is spent
         frontier = [n for n in batch if tree.depths[n] < depth] if len(selected) - 1 < budget else []
-        new = tree.add_children(frontier, *expand(frontier), floor) if frontier else []
+        new = tree.add_children(frontier, *(yield frontier), floor) if frontier else []
 
 
 def strict_ancestors(parents: Sequence[int], node: int) -> list[int]:
