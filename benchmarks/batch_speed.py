@@ -28,6 +28,8 @@ from tqdm.auto import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import save_results  # noqa: E402
 
+from hf_dynaspec.bench import write_doc_block  # noqa: E402
+
 METHODS = ("plain", "dynaspec")
 
 
@@ -81,16 +83,18 @@ def measure(args: argparse.Namespace, records_path: Path) -> list[dict]:
     torch.set_num_threads(args.threads)
     done = [json.loads(line) for line in records_path.read_text().splitlines()] if records_path.exists() else []
     seen = {(r["batch_size"], r["batch"], r["method"]) for r in done}
+    prompts = load_bench_prompts(limit=args.per_category)[: args.prompts]
+    jobs = [(size, start // size, method if (start // size) % 2 == 0 else METHODS[1 - METHODS.index(method)])
+            for size in args.batch_sizes for start in range(0, len(prompts) - size + 1, size) for method in METHODS]
+    todo = [job for job in jobs if job not in seen]
+    if not todo:  # every batch measured: the report is regenerated from the records alone
+        return done
     target, tokenizer = load_target(args.target)
     drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target)
-    prompts = load_bench_prompts(limit=args.per_category)[: args.prompts]
     rows = [encode_formatted(tokenizer, p["prompt"], args.prompt_format)[0].tolist() for p in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = target.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    jobs = [(size, start // size, method if (start // size) % 2 == 0 else METHODS[1 - METHODS.index(method)])
-            for size in args.batch_sizes for start in range(0, len(rows) - size + 1, size) for method in METHODS]
-    todo = [job for job in jobs if job not in seen]
     machine = machine_description()
     with records_path.open("a") as sink:
         for size, index, method in tqdm(todo, desc="batches", unit="batch"):
@@ -199,6 +203,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--readme", type=Path, default=None,
+                        help="write the table into this markdown file's batch-speed-<target> block (e.g. README.md)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     records = measure(args, args.out / "records.jsonl")
@@ -208,7 +214,23 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"meta": meta, "summary": summarise(records)}
     print(save_results(args.out, result, report))
     plot(result, args.out / "speedup.png")
+    if args.readme is not None:
+        write_doc_block(args.readme, f"batch-speed-{args.target}", readme_block(result, args.out))
     return result
+
+
+def readme_block(result: dict, out: Path) -> str:
+    """The README's table for one target: speedup per batch size, with where the records and the plot are."""
+    meta, summary = result["meta"], result["summary"]
+    lines = [f"{meta['target']}, {meta['prompts']} Spec-Bench prompts, {meta['max_new_tokens']} new tokens, greedy fp32, "
+             f"{summary['machine']} ([records and plot]({out.as_posix()}/)):", "",
+             "| B | plain tok/s | DynaSpec tok/s | speedup (95% CI) | rows identical to plain batch |",
+             "|---|---|---|---|---|"]
+    for r in summary["rows"]:
+        low, high = r["speedup_ci"]
+        lines.append(f"| {r['batch_size']} | {r['plain_tokens_per_s']:.1f} | {r['dynaspec_tokens_per_s']:.1f} | "
+                     f"{r['speedup']:.2f}x [{low:.2f}, {high:.2f}] | {r['identical_rows']} / {r['rows']} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
