@@ -28,7 +28,7 @@ from hf_dynaspec.generation.policy import (
     trim,
     trim_trees,
 )
-from hf_dynaspec.generation.tree import DraftTree, compact, graft_chain
+from hf_dynaspec.generation.tree import DraftTree, compact, graft_chain, subtree
 
 
 def small_tree():
@@ -252,21 +252,56 @@ def test_a_batch_chooses_one_block_for_every_row():
     assert choose_options([[plain, lookup]], VerifyCosts((1.0, 1.3, 1.6))) == [plain]  # 1.5 / 1.6 < 1
 
 
+@pytest.mark.parametrize("shared", [(0.0, 0.0), (0.15, 0.0), (0.05, 0.4), (0.6, 0.6)])
 @pytest.mark.parametrize("weights", [(1.0, 1.0), (0.3, 2.0), (2.0, 0.01)])
-def test_choose_options_finds_the_best_rate_of_every_combination(weights):
-    """Dinkelbach's iteration per block size against brute force over every combination of options."""
+def test_choose_options_finds_the_best_rate_of_every_combination(weights, shared):
+    """Dinkelbach's iteration per block size and deepest draft against brute force over every combination of
+    options, with the drafting's shared parts (a round's, paid D - 1 times; the catch-up's, once if any row
+    drafts) as the rows draft in lockstep."""
     import itertools
 
+    level, catch_up = shared
     costs = VerifyCosts((1.0, 1.2, 1.3, 1.5, 1.9, 2.4))
-    menus = [[Option(Plan("plain"), 1.0, 1)] + [
+    menus = [[Option(Plan("plain"), 1.0, 1), Option(Plan("lookup", lookup=(5,)), 1.2 + 0.1 * b, 2)] + [
         Option(Plan("draft", d), 1.0 + weights[0] * (b + 1) * d / 4, 1 + d, work=weights[1] * d / 10)
         for d in range(1, 6)] for b in range(3)]
 
     def rate(picks):
-        return sum(o.expected for o in picks) / (costs(max(o.nodes for o in picks)) + sum(o.work for o in picks))
+        deepest = max(o.plan.depth for o in picks)
+        drafting = max(0, deepest - 1) * level + (catch_up if deepest >= 1 else 0.0)
+        return sum(o.expected for o in picks) / (costs(max(o.nodes for o in picks)) + drafting
+                                                 + sum(o.work for o in picks))
 
     best = max(rate(picks) for picks in itertools.product(*menus))
-    assert rate(choose_options(menus, costs)) == pytest.approx(best)
+    assert rate(choose_options(menus, costs, level, catch_up)) == pytest.approx(best)
+
+
+def test_rounds_cost_a_shared_part_and_a_part_per_row_fitted_to_what_was_timed():
+    timings = Timings()
+    timings.plain.add(0.1)
+    timings.observe_level(1, 0.004)
+    assert timings.level_costs() == pytest.approx((0.04, 0.0))  # one row count seen: all of it shared
+    timings.observe_level(8, 0.011)
+    assert timings.level_costs() == pytest.approx((0.03, 0.01))  # the line through (1, 0.04) and (8, 0.11)
+    timings.together = False  # rows drafting one after another: nothing shared, one row's round each
+    assert timings.level_costs() == pytest.approx((0.0, 0.04))
+    assert Timings().catch_up_costs() == (0.0, 0.0)  # nothing measured yet
+
+
+def test_the_depth_profile_learns_what_drafting_gives_the_row_not_what_the_batch_kept():
+    """In a batch, the joint trim may cut a lone drafting row's tree to its root (every row pays for the block);
+    the profile keeps what the row's own trim at this batch size keeps, so drafting still looks worth it."""
+    costs = VerifyCosts((1.0, 1.02, 1.5, 1.6, 1.7))
+    policy = StepPolicy(costs, max_depth=2)
+    drafted = small_tree()
+    root_only = subtree(drafted, [0])
+    policy.record(Plan("draft", 2, root_mass=0.9), root_only, [0], {"draft": 0.01}, rows=8, drafted=drafted)
+    kept, _ = trim(drafted, costs, Calibration())
+    gain, nodes = policy.profile.predict(2, 0.9)
+    assert nodes == len(kept.token_list) - 1 > 0 and gain > 0
+    cut = StepPolicy(costs, max_depth=2)
+    cut.record(Plan("draft", 2, root_mass=0.9), root_only, [0], {"draft": 0.01}, rows=8)
+    assert cut.profile.predict(2, 0.9) == (0.0, 0.0)  # the batch's cut, learned as it was: nothing to gain
 
 
 def test_trees_of_a_batch_are_trimmed_to_one_block():

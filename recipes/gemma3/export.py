@@ -15,6 +15,12 @@ come from `training.md` beside this script and from the runs' generated files, n
     python recipes/gemma3/export.py --ckpt runs/gemma3-ml/ckpt --weights-only --out runs/gemma3-ml/export
     python recipes/gemma3/export.py --ckpt runs/gemma3-ml/ckpt --conditions benchmarks/results/cpu-gemma3-ml-languages \
         --runs benchmarks/results/cpu-gemma3-ml-{languages,code,spec-bench} --head benchmarks/results/cpu-gemma3-270m-head
+
+`--card-only` rebuilds the card of an exported drafter (its settings as its generation config now holds them, the
+sections from the same run folders) without its training checkpoint or the target:
+
+    python recipes/gemma3/export.py --card-only --conditions benchmarks/results/cpu-gemma3-ml-languages \
+        --runs benchmarks/results/cpu-gemma3-ml-{languages,code,spec-bench}
 """
 
 from __future__ import annotations
@@ -91,9 +97,18 @@ def main() -> None:
     parser.add_argument("--weights-only", action="store_true",
                         help="write the weights, configs, tokenizer and a card without results, for the bench to "
                              "measure")
+    parser.add_argument("--card-only", action="store_true", help="rebuild the card of --out only (with --conditions)")
     args = parser.parse_args()
     if args.weights_only == (args.conditions is not None):
         parser.error("give exactly one of --conditions (the measured export) and --weights-only (before the bench)")
+    if args.card_only:
+        if args.weights_only:
+            parser.error("--card-only rebuilds a measured card: give --conditions, not --weights-only")
+        drafter = DynaSpecDrafter.from_pretrained(args.out)
+        build_card(drafter, TARGET_WEIGHTS, "gemma", sections(args.conditions, args.runs, args.head)).save(
+            args.out / "README.md")
+        print(f"card rebuilt: {args.out / 'README.md'}")
+        return
     _, tokenizer = load_target("gemma3")
     drafter = DynaSpecDrafter.from_pretrained(args.ckpt)
     fields = drafter.generation_config.speculative_fields()

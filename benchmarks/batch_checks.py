@@ -1,0 +1,138 @@
+"""Two checks of batched decoding on a real target: `pipeline(..., batch_size=N)` with a drafter returns the texts
+the same pipeline returns without one, and the peak memory of a batch of B rows against plain batched generate().
+
+- pipeline: `pipeline("text-generation", model=target, tokenizer=..., batch_size=N)` over the first --prompts
+  Spec-Bench prompts (chat-formatted where the tokenizer has a template), greedy, --max-new-tokens, with and
+  without `assistant_model=<drafter dir>` (the drafter given as a folder, as a user passes a Hub id): identical
+  generated texts per prompt, counted.
+- memory: one batch of B left-padded prompts decoded by plain greedy `generate()` and by the drafter's, each in a
+  fresh process (the peak resident set size, `ru_maxrss`, only grows), after loading the models; the ratio of the
+  two peaks, and of the two growths over the loaded models.
+
+Writes results.json and results.md under --out.
+
+    python benchmarks/batch_checks.py --target smollm2 --drafter drafters/smollm2-135m-instruct \
+        --out benchmarks/results/cpu-smollm2-batch-checks
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from batch_speed import left_pad  # noqa: E402
+from results_io import save_results  # noqa: E402
+
+
+def rss_mib() -> float:
+    """This process's peak resident set size so far, MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def prompt_texts(count: int) -> list[str]:
+    from hf_dynaspec.bench_prompts import load_bench_prompts
+
+    return [p["prompt"] for p in load_bench_prompts(limit=3)[:count]]
+
+
+def pipeline_check(args: argparse.Namespace) -> dict:
+    """Generated texts of the pipeline with and without the drafter, compared per prompt."""
+    import torch
+    from transformers import pipeline
+
+    from hf_dynaspec.targets import load_target
+
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_target(args.target)
+    tokenizer.padding_side = "left"
+    texts = prompt_texts(args.prompts)
+    inputs = [[{"role": "user", "content": t}] for t in texts] if tokenizer.chat_template else texts
+    runner = pipeline("text-generation", model=target, tokenizer=tokenizer, batch_size=args.batch_size)
+    common = dict(max_new_tokens=args.max_new_tokens, do_sample=False, return_full_text=False)
+    plain = [out[0]["generated_text"] for out in runner(inputs, **common)]
+    spec = [out[0]["generated_text"] for out in runner(inputs, assistant_model=args.drafter, **common)]
+    return dict(prompts=len(texts), batch_size=args.batch_size, identical=sum(a == b for a, b in zip(plain, spec)),
+                differing=[i for i, (a, b) in enumerate(zip(plain, spec)) if a != b])
+
+
+def memory_child(method: str, args: argparse.Namespace) -> dict:
+    """In this (fresh) process: load, note the peak, decode one batch by `method`, note the peak again."""
+    import torch
+
+    from hf_dynaspec import DynaSpecDrafter
+    from hf_dynaspec.targets import encode_formatted, load_target
+
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_target(args.target)
+    drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target) if method == "dynaspec" else None
+    rows = [encode_formatted(tokenizer, t, "chat")[0].tolist() for t in prompt_texts(args.batch_size)]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids, mask = left_pad(rows, pad)
+    loaded = rss_mib()
+    kwargs = dict(attention_mask=mask, max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad)
+    if drafter is not None:
+        kwargs["assistant_model"] = drafter
+    with torch.no_grad():
+        target.generate(ids, **kwargs)
+    return dict(method=method, loaded_mib=loaded, peak_mib=rss_mib())
+
+
+def memory_check(args: argparse.Namespace) -> dict:
+    """Each method's peaks from its own process."""
+    found = {}
+    for method in ("plain", "dynaspec"):
+        command = [sys.executable, __file__, "--memory-child", method, *sys.argv[1:]]
+        done = subprocess.run(command, check=True, capture_output=True, text=True)
+        found[method] = json.loads(done.stdout.strip().splitlines()[-1])
+    plain, spec = found["plain"], found["dynaspec"]
+    return dict(batch_size=args.batch_size, plain=plain, dynaspec=spec,
+                peak_ratio=spec["peak_mib"] / plain["peak_mib"],
+                growth_ratio=(spec["peak_mib"] - spec["loaded_mib"]) / max(plain["peak_mib"] - plain["loaded_mib"], 1e-9))
+
+
+def report(result: dict) -> str:
+    meta, pipe, memory = result["meta"], result["pipeline"], result["memory"]
+    return "\n".join([
+        f"# Batch checks: {meta['target']}", "",
+        f"Drafter `{meta['drafter']}`, greedy, {meta['max_new_tokens']} new tokens, fp32; machine: {meta['machine']}.",
+        "",
+        f"- `pipeline(..., batch_size={pipe['batch_size']}, assistant_model=\"{meta['drafter']}\")` on "
+        f"{pipe['prompts']} Spec-Bench prompts: {pipe['identical']} / {pipe['prompts']} generated texts identical to "
+        f"the same pipeline without an assistant" + (f" (differing: {pipe['differing']})." if pipe["differing"] else "."),
+        f"- Peak RSS at B = {memory['batch_size']}: plain batched generate() {memory['plain']['peak_mib']:.0f} MiB "
+        f"({memory['plain']['loaded_mib']:.0f} MiB after loading), DynaSpec {memory['dynaspec']['peak_mib']:.0f} MiB "
+        f"({memory['dynaspec']['loaded_mib']:.0f} MiB after loading, the drafter included): "
+        f"{memory['peak_ratio']:.2f}x the plain peak; decoding's own growth {memory['growth_ratio']:.2f}x plain's.",
+        "", "Regenerate: `" + meta["command"] + "`", ""])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="smollm2")
+    parser.add_argument("--drafter", required=True)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--memory-child", choices=("plain", "dynaspec"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_child:
+        print(json.dumps(memory_child(args.memory_child, args)))
+        return
+    from hf_dynaspec.machine import machine_description
+
+    meta = dict(target=args.target, drafter=args.drafter, max_new_tokens=args.max_new_tokens,
+                machine=f"{machine_description()}, {args.threads} threads",
+                command="python benchmarks/batch_checks.py " + " ".join(sys.argv[1:]))
+    result = dict(meta=meta, pipeline=pipeline_check(args), memory=memory_check(args))
+    print(save_results(args.out, result, report))
+
+
+if __name__ == "__main__":
+    main()
