@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -352,7 +352,7 @@ def choose_trees(batch: _Batch) -> list[Chosen]:
     if rows[0].policy is None:
         plans = [Plan("draft", batch.settings.draft_depth) for _ in rows]
         seconds = [{} for _ in rows]
-        trees = draft_trees(rows, plans, rooms, seconds, drafts_together(batch.settings))
+        trees = draft_trees(rows, plans, rooms, seconds, drafts_together(batch.settings), batch.stats)
         return [Chosen(plan, tree, None, spent, tree) for plan, tree, spent in zip(plans, trees, seconds)]
     lookups = [row.generator.lookup(row.token_list)[: max(0, room)] for row, room in zip(rows, rooms)]
     probes = probing_rows([row.policy for row in rows], rooms, batch.quiet_steps)
@@ -362,13 +362,13 @@ def choose_trees(batch: _Batch) -> list[Chosen]:
     seconds: list[dict[str, float]] = [{} for _ in rows]
     together = drafts_together(batch.settings)
     stale = [b for b, plan in enumerate(plans) if plan.kind == "draft" and rows[b].generator.pending]
-    catching = catch_up_rows(rows, stale, seconds, together)
+    catching = catch_up_rows(rows, stale, seconds, together, batch.stats)
     if stale:
         for b in stale:
             root_probs[b] = rows[b].generator.root_probs()
         probed = {b: p for b, p in enumerate(plans) if p.probe}
         plans = plan_rows(rows, root_probs, lookups, rooms, costs, probes, fixed=probed)
-    trees = draft_trees(rows, plans, rooms, seconds, together)
+    trees = draft_trees(rows, plans, rooms, seconds, together, batch.stats)
     trimmed = trim_trees(trees, costs, [row.policy.calibration for row in rows])
     batch.quiet_steps = 0 if any(p.kind == "draft" for p in plans) else batch.quiet_steps + 1
     drafting = sum(plan.kind == "draft" for plan in plans) if together else 1
@@ -376,32 +376,37 @@ def choose_trees(batch: _Batch) -> list[Chosen]:
             for plan, (tree, predicted), spent, drafted in zip(plans, trimmed, seconds, trees)]
 
 
-def catch_up_rows(rows: list[_Run], stale: list[int], seconds: list[dict[str, float]], together: bool) -> int:
+def catch_up_rows(rows: list[_Run], stale: list[int], seconds: list[dict[str, float]], together: bool,
+                  stats: SpeculativeStats) -> int:
     """Rows `stale` read their accepted paths (together: `lockstep.catch_up_together`, one forward for those
-    reading a path and one for those reading their prompt, each's seconds given to its first row); a prompt's
-    reading is timed apart ("read_prompt": not a catch-up). Returns the rows one "catch_up" time covers."""
+    reading a path and one for those reading their prompt, each's seconds given to its first row and, for
+    several rows, to the call's `stats` "extend"); a prompt's reading is timed apart ("read_prompt": not a
+    catch-up). Returns the rows one "catch_up" time covers."""
     prompts = [b for b in stale if rows[b].generator.committed == 0]
     paths = [b for b in stale if rows[b].generator.committed > 0]
     for group, name in ((prompts, "read_prompt"), (paths, "catch_up")):
         for part in ([group] if together and group else [[b] for b in group]):
             start = time.perf_counter()
-            catch_up_together([rows[b].generator for b in part])
+            with stats.timer("extend") if len(part) > 1 else nullcontext():  # one row: its generator times it
+                catch_up_together([rows[b].generator for b in part])
             seconds[part[0]][name] = time.perf_counter() - start
     return len(paths) if together and paths else 1
 
 
 def draft_trees(rows: list[_Run], plans: list[Plan], rooms: list[int], seconds: list[dict[str, float]],
-                together: bool) -> list[VerifyTree]:
+                together: bool, stats: SpeculativeStats) -> list[VerifyTree]:
     """Each row's tree for its plan: drafted (in lockstep when `together` and several rows draft:
-    `lockstep.draft_together`, its seconds given to the deepest of them), the lookup branch, or the root alone.
-    Adds the drafting seconds to `seconds` ("draft")."""
+    `lockstep.draft_together`, its seconds given to the deepest of them and to the call's `stats` "draft"; one
+    by one, each generator times its own), the lookup branch, or the root alone. Adds the drafting seconds to
+    `seconds` ("draft")."""
     trees: list[VerifyTree | None] = [None if plan.kind == "draft" else lookup_tree(row.token_list[-1], plan.lookup)
                                       for row, plan in zip(rows, plans)]  # the root alone when plan.lookup is ()
     drafting = [b for b, plan in enumerate(plans) if plan.kind == "draft"]
     if together and len(drafting) > 1:
         start = time.perf_counter()
-        drafted = draft_together([rows[b].generator for b in drafting], [rows[b].token_list for b in drafting],
-                                 [rooms[b] for b in drafting], [plans[b].depth for b in drafting])
+        with stats.timer("draft"):
+            drafted = draft_together([rows[b].generator for b in drafting], [rows[b].token_list for b in drafting],
+                                     [rooms[b] for b in drafting], [plans[b].depth for b in drafting])
         deepest = max(drafting, key=lambda b: plans[b].depth)
         seconds[deepest]["draft"] = time.perf_counter() - start
         for b, tree in zip(drafting, drafted):
