@@ -52,10 +52,12 @@ def pipeline_check(args: argparse.Namespace) -> dict:
     tokenizer.padding_side = "left"
     texts = prompt_texts(args.prompts)
     inputs = [[{"role": "user", "content": t}] for t in texts] if tokenizer.chat_template else texts
-    runner = pipeline("text-generation", model=target, tokenizer=tokenizer, batch_size=args.batch_size)
     common = dict(max_new_tokens=args.max_new_tokens, do_sample=False, return_full_text=False)
-    plain = [out[0]["generated_text"] for out in runner(inputs, **common)]
-    spec = [out[0]["generated_text"] for out in runner(inputs, assistant_model=args.drafter, **common)]
+    plain_runner = pipeline("text-generation", model=target, tokenizer=tokenizer, batch_size=args.batch_size)
+    spec_runner = pipeline("text-generation", model=target, tokenizer=tokenizer, batch_size=args.batch_size,
+                           assistant_model=args.drafter)  # a folder, as a user passes a Hub id
+    plain = [out[0]["generated_text"] for out in plain_runner(inputs, **common)]
+    spec = [out[0]["generated_text"] for out in spec_runner(inputs, **common)]
     return dict(prompts=len(texts), batch_size=args.batch_size, identical=sum(a == b for a, b in zip(plain, spec)),
                 differing=[i for i, (a, b) in enumerate(zip(plain, spec)) if a != b])
 
@@ -90,9 +92,10 @@ def memory_check(args: argparse.Namespace) -> dict:
         done = subprocess.run(command, check=True, capture_output=True, text=True)
         found[method] = json.loads(done.stdout.strip().splitlines()[-1])
     plain, spec = found["plain"], found["dynaspec"]
+    plain_growth = plain["peak_mib"] - plain["loaded_mib"]
     return dict(batch_size=args.batch_size, plain=plain, dynaspec=spec,
                 peak_ratio=spec["peak_mib"] / plain["peak_mib"],
-                growth_ratio=(spec["peak_mib"] - spec["loaded_mib"]) / max(plain["peak_mib"] - plain["loaded_mib"], 1e-9))
+                growth_ratio=(spec["peak_mib"] - spec["loaded_mib"]) / plain_growth if plain_growth >= 1 else None)
 
 
 def report(result: dict) -> str:
@@ -107,7 +110,10 @@ def report(result: dict) -> str:
         f"- Peak RSS at B = {memory['batch_size']}: plain batched generate() {memory['plain']['peak_mib']:.0f} MiB "
         f"({memory['plain']['loaded_mib']:.0f} MiB after loading), DynaSpec {memory['dynaspec']['peak_mib']:.0f} MiB "
         f"({memory['dynaspec']['loaded_mib']:.0f} MiB after loading, the drafter included): "
-        f"{memory['peak_ratio']:.2f}x the plain peak; decoding's own growth {memory['growth_ratio']:.2f}x plain's.",
+        f"{memory['peak_ratio']:.2f}x the plain peak; " + (
+            f"decoding's own growth {memory['growth_ratio']:.2f}x plain's." if memory["growth_ratio"] is not None
+            else "neither decoding raised its process's peak above the loading's, so their own growth is not seen "
+                 "by this measure."),
         "", "Regenerate: `" + meta["command"] + "`", ""])
 
 
@@ -128,7 +134,7 @@ def main() -> None:
     from hf_dynaspec.machine import machine_description
 
     meta = dict(target=args.target, drafter=args.drafter, max_new_tokens=args.max_new_tokens,
-                machine=f"{machine_description()}, {args.threads} threads",
+                machine=machine_description(),
                 command="python benchmarks/batch_checks.py " + " ".join(sys.argv[1:]))
     result = dict(meta=meta, pipeline=pipeline_check(args), memory=memory_check(args))
     print(save_results(args.out, result, report))
