@@ -35,10 +35,10 @@ per row (c = c_B(N), measured at that batch size), and the drafting rows grow th
 (`lockstep`: one drafter forward per round for all of them; a round for S rows costs s + S u, the line through
 the rounds timed so far), so the batch maximises
 
-    sum_b E_b / (c_B(N) + (D - 1) s + sum_b w_b)        N = max_b n_b,  D = max_b depth_b
+    sum_b E_b / (c_B(N) + [D >= 1] s_c + (D - 1) s + sum_b w_b)        N = max_b n_b,  D = max_b depth_b
 
 over one option per row (`choose_options`; w_b: the row's share of the catch-up and its (depth_b - 1) u; the
-catch-up's shared part is paid once too; where rows draft one after another, nothing is shared and u is one row's
+catch-up's shared part s_c is paid once too; where rows draft one after another, nothing is shared and u is one row's
 round); trimming keeps a common block (`trim_trees`: below it, a row's nodes are free), and the rows due a probe
 probe together where they draft in lockstep, else one per step (`probing_rows`). The depth profile learns from
 what each row's own trim keeps of its drafted tree, not the batch's (a lone drafting row's tree is cut by a block
@@ -261,11 +261,6 @@ class Timings:
         slope = max(0.0, sum((r - mean_rows) * (c - mean_cost) for r, c in points) / spread) if spread else 0.0
         return max(0.0, mean_cost - slope * mean_rows), slope
 
-    def in_plain_steps(self, running: Running) -> float:
-        """Seconds as plain steps (0 before either is measured)."""
-        if running.value is None or not self.plain.value:
-            return 0.0
-        return running.value / self.plain.value
 
 
 @dataclass
