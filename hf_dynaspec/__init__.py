@@ -5,6 +5,7 @@
     out = target.generate(**inputs, assistant_model=drafter, max_new_tokens=64)
 """
 
+from . import checkpoints as _checkpoints  # noqa: F401  (lets from_pretrained open EAGLE-3 checkpoints)
 from .configuration import DynaSpecConfig
 from .cpu import prepare_for_cpu
 from .generation import DynaSpecGenerateOutput, DynaSpecGenerationConfig, SpeculativeStats

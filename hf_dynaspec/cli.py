@@ -32,12 +32,13 @@ from huggingface_hub import HfApi
 
 from . import __version__, bench, quality, sharing
 from .bench_prompts import load_bench_prompts
+from .checkpoints import open_eagle3
 from .configuration import ARCHITECTURES, eagle3_layer_ids
 from .cpu import is_prepared_for_cpu, prepare_for_cpu
 from .generation import measured
 from .generation.calibration import measured_walk_heads
 from .generation_config import HEAD_MODES, SPEC_FIELDS, STEP_POLICIES, TREE_POLICIES, DynaSpecGenerationConfig
-from .interchange import DEFAULT_DRAFT_VOCAB, FORMATS, export_eagle3, load_eagle3, shortlist_counts_on_data
+from .interchange import DEFAULT_DRAFT_VOCAB, FORMATS, export_eagle3, shortlist_counts_on_data
 from .machine import machine_description
 from .modeling import DynaSpecDrafter
 from .targets import (
@@ -257,9 +258,10 @@ def _add_export_command(sub) -> None:
 
 
 def _add_import_eagle3_command(sub) -> None:
-    imp = sub.add_parser("import-eagle3", help="load a vLLM / SGLang EAGLE-3 checkpoint (safetensors) as a drafter")
+    imp = sub.add_parser("import-eagle3", help="write an EAGLE-3 checkpoint (speculators, SpecForge, EAGLE) as a DynaSpec "
+                                                "drafter folder (from_pretrained also opens them directly)")
     _add_target(imp)
-    imp.add_argument("--checkpoint", required=True, help="EAGLE-3 folder (config.json + *.safetensors)")
+    imp.add_argument("--checkpoint", required=True, help="EAGLE-3 folder or Hub id (config.json + weights)")
     imp.add_argument("--out", required=True, help="drafter folder to write")
     imp.add_argument("--num-clusters", type=int, default=64, help="vocabulary clusters of the dynamic head")
     imp.set_defaults(func=cmd_import_eagle3)
@@ -619,10 +621,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_import_eagle3(args: argparse.Namespace) -> int:
     target, tokenizer = target_from_args(args)
-    drafter = load_eagle3(args.checkpoint, target, num_clusters=args.num_clusters)
+    drafter = open_eagle3(args.checkpoint, target, num_clusters=args.num_clusters)
     drafter.save_pretrained(args.out, tokenizer=tokenizer)
-    print(f"saved {args.out}: static head = the checkpoint's {drafter.config.static_shortlist_size} draft tokens; "
-          "the router is untrained: fit it before using head_mode='dynamic'")
+    print(f"saved {args.out}: head_mode='{drafter.generation_config.head_mode}' (the checkpoint's own head over its "
+          f"{drafter.config.static_shortlist_size} draft tokens) by default, 'static' = the target's rows of the same "
+          "tokens; the router is not fitted yet: `hf-dynaspec router-fit` before head_mode='dynamic'")
     return 0
 
 

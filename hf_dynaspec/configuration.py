@@ -31,6 +31,7 @@ _DROPPED_TARGET_KEYS = (
     "model_type",
 )
 SCHEDULES = ("linear", "exponential")
+EAGLE3_VARIANTS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")  # config flags, see below
 ARCHITECTURES = ("eagle1", "eagle3")
 LAYER_FAMILY = "llama"  # the drafter layer of every new drafter, whatever the target's family (as vLLM / SGLang)
 SERVED_ACTIVATION = "silu"  # the only MLP activation vLLM's EAGLE-3 layer takes: every new drafter's
@@ -67,7 +68,9 @@ class DynaSpecConfig(PretrainedConfig):
     Args:
         vocab_size (`int`): the target's vocabulary size (rows of its LM head).
         hidden_size (`int`): the target's hidden size (the drafter reads the target's hidden states).
-        target_model_type (`str`): the target's `model_type` (e.g. "llama", "gemma3_text").
+        target_model_type (`str`): the target's `model_type` (e.g. "llama", "gemma3_text"); None for a checkpoint
+            opened without its target (an EAGLE-3 checkpoint trained elsewhere: any target of its width and
+            vocabulary is accepted).
         target_config (`dict`): the target's text config as a dict; the drafter layer is sized from it.
         layer_family (`str`, *optional*): the drafter layer's family: "llama" (one Llama decoder layer sized from
             the target's config, for targets of any family; what new drafters use), or the target's own
@@ -82,6 +85,11 @@ class DynaSpecConfig(PretrainedConfig):
             this field load as they were trained.
         target_layer_ids (`list[int]`, *optional*): the target hidden states an "eagle3" drafter reads, indices into
             the target's `output_hidden_states` tuple; default `eagle3_layer_ids(num_hidden_layers)`.
+        layer_ids_from_target (`bool`, *optional*): the target layers are not known yet (an EAGLE-3 checkpoint that
+            does not name them, opened without its target): they are the servers' default for the target,
+            `eagle3_layer_ids`, filled in when the drafter is bound (`resolve_layer_ids`).
+        own_embeddings (`bool`, *optional*): the drafter carries its own token embeddings (a speculators
+            checkpoint's `embed_tokens`, which vLLM uses); False: it borrows the target's.
         shortlist_k0 (`int`, *optional*): clusters kept at the first draft position (depth 0); default
             `default_shortlist_budget(num_clusters)`.
         shortlist_k1 (`int`, *optional*): clusters kept at the deepest draft position; default as for k0.
@@ -95,6 +103,20 @@ class DynaSpecConfig(PretrainedConfig):
             New drafters use "silu", the one EAGLE-3 servers take (`from_target_config`); None (drafters saved
             before this field) means the target's own activation.
         layer_intermediate_size (`int`, *optional*): the drafter layer's MLP width; None means the target's.
+        draft_vocab_size (`int`, *optional*): N, the size of the drafter's own trained LM head (`head_mode=
+            "trained"`: an EAGLE-3 checkpoint trained elsewhere, its `lm_head` over N draft tokens and the target ids
+            of its `d2t` map); 0 (DynaSpec's own drafters) when the drafter only borrows the target's LM-head rows.
+        draft_logit_scale (`float`, *optional*): the own head's logit scale (an EAGLE-3 config's `logit_scale`).
+        norm_before_fc / fc_norm / norm_before_residual / norm_output (`bool`, *optional*): EAGLE-3 variants of
+            checkpoints trained elsewhere (speculators' training defaults turn the first, third and fourth on): an
+            RMSNorm over the fused target layers before `fc` (`input_norm`), one per fused layer (`fc_norm`), the
+            residual read through `hidden_norm`, and the next draft step reading the normed output. All False for
+            DynaSpec's own drafters (the layer as vLLM and SGLang serve it by default).
+        layer_sliding_window (`int`, *optional*): the window a checkpoint's draft layer was trained with
+            (speculators: 2048); drafting beyond it attends in full (a warning says so; output stays exact).
+        router_fitted (`bool`, *optional*): the router (and its vocabulary clusters) was trained for this drafter;
+            False for an imported EAGLE-3 checkpoint until `hf-dynaspec router-fit` has run, and the heads that read
+            the router ("dynamic", "union") are refused until then.
         target_name_or_path (`str`, *optional*): where the target came from (informational).
         bos_token_id / eos_token_id / pad_token_id: the target's special tokens (same tokenizer).
     """
@@ -119,8 +141,18 @@ class DynaSpecConfig(PretrainedConfig):
         layer_family: str | None = None,
         drafter_architecture: str = "eagle1",
         target_layer_ids: list[int] | None = None,
+        layer_ids_from_target: bool = False,
+        own_embeddings: bool = False,
         layer_hidden_act: str | None = None,
         layer_intermediate_size: int | None = None,
+        draft_vocab_size: int = 0,
+        draft_logit_scale: float = 1.0,
+        router_fitted: bool = True,
+        norm_before_fc: bool = False,
+        fc_norm: bool = False,
+        norm_before_residual: bool = False,
+        norm_output: bool = False,
+        layer_sliding_window: int | None = None,
         bos_token_id: int | None = None,
         eos_token_id: int | list[int] | None = None,
         pad_token_id: int | None = None,
@@ -143,11 +175,19 @@ class DynaSpecConfig(PretrainedConfig):
         self.layer_family = layer_family or target_model_type
         self.drafter_architecture = drafter_architecture
         num_layers = int(self.target_config.get("num_hidden_layers") or 1)
-        if drafter_architecture == "eagle3" and target_layer_ids is None:
+        self.layer_ids_from_target = bool(layer_ids_from_target)
+        self.own_embeddings = bool(own_embeddings)
+        if drafter_architecture == "eagle3" and target_layer_ids is None and not self.layer_ids_from_target:
             target_layer_ids = eagle3_layer_ids(num_layers)
         self.target_layer_ids = [int(i) for i in target_layer_ids or []]
         self.layer_hidden_act = layer_hidden_act
         self.layer_intermediate_size = layer_intermediate_size
+        self.draft_vocab_size = draft_vocab_size
+        self.draft_logit_scale = float(draft_logit_scale)
+        self.router_fitted = bool(router_fitted)
+        self.norm_before_fc, self.fc_norm = bool(norm_before_fc), bool(fc_norm)
+        self.norm_before_residual, self.norm_output = bool(norm_before_residual), bool(norm_output)
+        self.layer_sliding_window = layer_sliding_window
         # the target's special tokens: transformers compares them to decide whether tokenizers are shared
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
@@ -187,6 +227,16 @@ class DynaSpecConfig(PretrainedConfig):
             raise ValueError(f"always_include_ids {bad} are outside the vocabulary [0, {self.vocab_size}).")
         if not 0 <= self.static_shortlist_size <= self.vocab_size:
             raise ValueError(f"static_shortlist_size must be in [0, vocab_size], got {self.static_shortlist_size}.")
+        if not isinstance(self.draft_vocab_size, int) or not 0 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be an integer in [0, vocab_size={self.vocab_size}], got "
+                             f"{self.draft_vocab_size!r}.")
+        variants = [n for n in EAGLE3_VARIANTS if getattr(self, n)]
+        if (self.draft_vocab_size or variants) and self.drafter_architecture != "eagle3":
+            raise ValueError(f"draft_vocab_size / {variants or 'the EAGLE-3 variants'} are for "
+                             "drafter_architecture='eagle3' drafters.")
+        if self.norm_before_fc and self.fc_norm:
+            raise ValueError("norm_before_fc and fc_norm exclude each other (one norm over the fused layers, or one "
+                             "per layer): set one.")
 
     def _validate_architecture(self) -> None:
         if self.drafter_architecture not in ARCHITECTURES:
@@ -202,7 +252,10 @@ class DynaSpecConfig(PretrainedConfig):
             raise ValueError(f"An EAGLE-3 drafter's layer is a Llama layer: layer_family must be {LAYER_FAMILY!r}.")
         num_layers = self.target_config.get("num_hidden_layers")
         bad = [i for i in self.target_layer_ids if not 0 <= i <= (num_layers if num_layers else i)]
-        if bad or (self.drafter_architecture == "eagle3" and not self.target_layer_ids):
+        if self.layer_ids_from_target and self.target_layer_ids:
+            raise ValueError("layer_ids_from_target fills target_layer_ids in at bind time: pass one or the other.")
+        deferred = self.layer_ids_from_target
+        if bad or (self.drafter_architecture == "eagle3" and not self.target_layer_ids and not deferred):
             raise ValueError(
                 f"target_layer_ids {self.target_layer_ids} must be a non-empty list of indices into the target's "
                 f"hidden states, 0..{num_layers} (0: embeddings, i: output of layer i - 1)."
@@ -225,7 +278,22 @@ class DynaSpecConfig(PretrainedConfig):
     def feature_layer_ids(self) -> list[int]:
         """Indices of the target's `output_hidden_states` the drafter reads, concatenated in this order: the
         EAGLE-3 layers, or [-1] (the final normed state) for an EAGLE-1 drafter."""
+        if self.layer_ids_from_target:
+            raise ValueError("This drafter's target layers are the servers' default for its target: bind it to the "
+                             "target first (`drafter.bind(target)`, or generate with it).")
         return list(self.target_layer_ids) if self.drafter_architecture == "eagle3" else [-1]
+
+    @property
+    def num_fused_layers(self) -> int:
+        """How many target layers `fc` fuses (3, the servers' default, while they are resolved at bind time)."""
+        return len(self.target_layer_ids) if self.target_layer_ids else len(eagle3_layer_ids(8))
+
+    def resolve_layer_ids(self, num_layers: int) -> None:
+        """Fill in the servers' default target layers for a target of `num_layers` layers (`layer_ids_from_target`)."""
+        if self.layer_ids_from_target:
+            self.target_config["num_hidden_layers"] = num_layers
+            self.target_layer_ids = eagle3_layer_ids(num_layers)
+            self.layer_ids_from_target = False
 
     def clusters_at_depth(self, depth: int, max_depth: int, k0: int | None = None, k1: int | None = None) -> int:
         """Cluster budget k_c(t) for draft position `depth` (0-based) of `max_depth` positions (`cluster_budget`)."""

@@ -5,9 +5,12 @@ drafter feature. With e = embed(x_{i+1}) and h the feature of position i (the ta
 at the first draft step, the drafter's own pre-norm output deeper):
 
     a = [input_layernorm(e); hidden_norm(h)]          (B, T, 2d)   q/k/v projections are 2d -> heads
-    r = h + self_attn(a)                              (B, T, d)
+    r = h + self_attn(a)                              (B, T, d)    hidden_norm(h) + ... with norm_before_residual
     out = r + mlp(post_attention_layernorm(r))        (B, T, d)    the pre-norm output, fed to the next step
-    logits = lm_head(norm(out))
+    logits = lm_head(norm(out))                                    (norm(out) fed on with norm_output)
+
+The variants (`norm_before_residual`, and the drafter's `norm_before_fc`, `fc_norm`, `norm_output`) are those of
+checkpoints trained by speculators and SpecForge (`DynaSpecConfig`).
 
 The layer takes `a` already built (`attention_input`), so the router can read the same 2d vector beside it.
 
@@ -29,8 +32,9 @@ class Eagle3DecoderLayer(nn.Module):
     """Parameter names as in EAGLE-3 checkpoints (`midlayer.*`): input_layernorm, hidden_norm, self_attn.{q,k,v,o}
     _proj, post_attention_layernorm, mlp.{gate,up,down}_proj."""
 
-    def __init__(self, config: Any, layer_idx: int = 0) -> None:
+    def __init__(self, config: Any, layer_idx: int = 0, norm_before_residual: bool = False) -> None:
         super().__init__()
+        self.norm_before_residual = norm_before_residual  # residual = hidden_norm(h) (speculators' training default)
         d, eps = config.hidden_size, config.rms_norm_eps
         self.input_layernorm = LlamaRMSNorm(d, eps=eps)
         self.hidden_norm = LlamaRMSNorm(d, eps=eps)
@@ -47,6 +51,10 @@ class Eagle3DecoderLayer(nn.Module):
         """[input_layernorm(embeds); hidden_norm(hidden_states)]: (B, T, d) x 2 -> (B, T, 2d)."""
         return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden_states)], dim=-1)
 
+    def residual(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """What the attention output is added to: h, or hidden_norm(h) with `norm_before_residual`."""
+        return self.hidden_norm(hidden_states) if self.norm_before_residual else hidden_states
+
     def forward(
         self,
         attention_input: torch.Tensor,
@@ -57,7 +65,8 @@ class Eagle3DecoderLayer(nn.Module):
         use_cache: bool = False,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """attention_input (B, T, 2d), hidden_states (B, T, d) (the residual) -> pre-norm output (B, T, d)."""
+        """attention_input (B, T, 2d), hidden_states (B, T, d) (the residual, `residual(h)`) -> pre-norm output
+        (B, T, d)."""
         attn, _ = self.self_attn(
             hidden_states=attention_input,
             attention_mask=attention_mask,

@@ -22,7 +22,7 @@ import torch
 from transformers import GenerationConfig
 
 from .configuration import DynaSpecConfig
-from .head import HEAD_MODES, LAYOUTS, STATIC_SIZED_MODES
+from .head import HEAD_MODES, LAYOUTS, ROUTER_MODES, STATIC_SIZED_MODES
 
 TREE_POLICIES = ("eagle2", "dyspec", "chain")
 SPEC_FIELDS = (
@@ -65,7 +65,7 @@ TREE_GROWTHS = ("auto", "host", "device")
 DRAFT_GRAPHS = ("auto", "on", "off")
 VERIFY_HEADS = ("auto", "full", "rows", "columns", "prefilter")  # "auto" and the walk layouts are CPU paths
 GRAPH_DEVICE_TYPES = ("cuda",)  # where draft steps can be captured as graphs (`generation.graphs`)
-GRAPH_HEAD_MODES = ("dynamic", "static", "full")  # the heads whose shapes stay fixed from one step to the next
+GRAPH_HEAD_MODES = ("dynamic", "static", "full", "trained")  # the heads whose shapes stay fixed from one step to the next
 # Per device type, over DEFAULT_SETTINGS: the tree with the best modelled speed from measured GPU costs and
 # measured acceptance (`python benchmarks/device_tree.py`, results in benchmarks/results/cuda-default-tree).
 DEFAULT_DEVICE_TREES: dict[str, dict[str, Any]] = {
@@ -85,7 +85,8 @@ class DynaSpecGenerationConfig(GenerationConfig):
         draft_top_k (`int`): children proposed per expanded node, and nodes expanded per drafter call.
         head_mode (`str`): drafter head: "dynamic" (router shortlist), "full" (whole vocabulary), "static" (the
             drafter's stored frequent tokens), "context" (the context's tokens + the static set as a core,
-            NanoSpec) or "union" (router shortlist + the context's tokens).
+            NanoSpec), "union" (router shortlist + the context's tokens) or "trained" (the drafter's own trained
+            head over its draft vocabulary: an EAGLE-3 checkpoint trained elsewhere).
         shortlist_k0 / shortlist_k1 (`int`): clusters kept at the first / deepest draft position
             (default: the drafter config's).
         min_draft_prob (`float`): drafts whose path probability q(path) (the product of the draft
@@ -351,6 +352,7 @@ def resolve_draft_settings(
                 f"DynaSpecGenerationConfig.{name}={merged[name]} exceeds the drafter's {num_clusters} clusters."
             )
     check_static_size(merged["static_size"], merged["head_mode"], drafter_config)
+    check_head_available(merged["head_mode"], drafter_config)
     if merged["shortlist_layout"] == "auto":
         merged["shortlist_layout"] = "lanes" if device_type == "cuda" else "union"
     if merged["tree_growth"] == "auto":
@@ -360,6 +362,22 @@ def resolve_draft_settings(
         merged["num_draft_nodes"] = min(merged["num_draft_nodes"], merged["draft_depth"])
     merged["draft_graphs"] = resolve_draft_graphs(merged, device_type)
     return DraftSettings(**merged)
+
+
+def check_head_available(head_mode: str, drafter_config: DynaSpecConfig) -> None:
+    """Raise `ValueError` saying what to do when the drafter cannot run `head_mode`: an unfitted router (an imported
+    EAGLE-3 checkpoint before `hf-dynaspec router-fit`) or no own trained head."""
+    if head_mode in ROUTER_MODES and not drafter_config.router_fitted:
+        raise ValueError(
+            f"head_mode={head_mode!r} reads the drafter's router, which was not trained (a drafter imported from an "
+            "EAGLE-3 checkpoint): fit it first (`hf-dynaspec router-fit --drafter <folder> ...`), or use "
+            "head_mode 'trained' (the checkpoint's own head), 'static' or 'full'."
+        )
+    if head_mode == "trained" and not drafter_config.draft_vocab_size:
+        raise ValueError(
+            "head_mode='trained' needs a drafter with its own trained head (one loaded from an EAGLE-3 checkpoint); "
+            "this drafter borrows the target's LM-head rows: use head_mode 'dynamic', 'static' or 'full'."
+        )
 
 
 def resolve_draft_graphs(merged: dict[str, Any], device_type: str) -> str:

@@ -1,6 +1,6 @@
 """The drafter's shortlisted LM head: logits over a few rows of the target's LM head, never all of them.
 
-Five modes share one interface (`ShortlistHead.logits`):
+Six modes share one interface (`ShortlistHead.logits`):
 - "dynamic": DynaSpec. Each position keeps the tokens of its router's top-k clusters. Rows are read in place
   from a cluster-sorted copy of the head made once at bind time (one GEMM per contiguous run of selected
   clusters, `hf_dynaspec.ops.segmented_lm_head`) on CPU, or gathered by the fused Triton kernel on CUDA.
@@ -11,7 +11,10 @@ Five modes share one interface (`ShortlistHead.logits`):
   output so far) plus the static set as a small frequent core.
 - "union": each position's router clusters plus the context tokens: the router finds what the context
   predicts, the context supplies the rare names and identifiers it already holds.
-The `always_include_ids` (EOS) are always in the shortlist, so the drafter can propose the end of a reply.
+- "trained": the drafter's own LM head over its draft vocabulary (`TrainedHead`: an EAGLE-3 checkpoint trained
+  elsewhere, its `lm_head` with the target ids of its `d2t` map), as the servers that read such a checkpoint draft.
+The `always_include_ids` (EOS) are always in the target-row shortlists, so the drafter can propose the end of a
+reply; the "trained" head scores exactly the vocabulary it was trained on.
 A token is in at most one finite column per position (duplicates would count its probability twice).
 
 The router's shortlists come in two layouts (`LAYOUTS`), with the same finite columns per position:
@@ -36,11 +39,12 @@ from .clustering import VocabClusters
 from .ops import cluster_head_impl, gathered_lm_head, load_kernel_package, segmented_lm_head
 from .router import UnionLimit, check_max_union_tokens, select_clusters
 
-HEAD_MODES = ("dynamic", "full", "static", "context", "union")
+HEAD_MODES = ("dynamic", "full", "static", "context", "union", "trained")
 ClusterGemm = Callable[[torch.Tensor, list[int]], torch.Tensor]  # (features (T, d), clusters) -> (T, S) logits
 LAYOUTS = ("union", "lanes")  # how the router's shortlists are laid out (module docstring)
 CONTEXT_MODES = ("context", "union")  # the modes that read the context's token ids
 STATIC_SIZED_MODES = ("static", "context")  # the modes that read the static shortlist (`static_size` sizes it)
+ROUTER_MODES = ("dynamic", "union")  # the modes that read the router's clusters
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,26 @@ class LogitTransform:
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
+
+
+@dataclass(frozen=True)
+class TrainedHead:
+    """A drafter's own LM head over its draft vocabulary of N target ids (an EAGLE-3 checkpoint's `lm_head`, its
+    column i the target id i + d2t[i]): logits = scale * features @ weight.T, as vLLM's EAGLE-3 proposer computes
+    them (its `logit_scale`; no soft-cap: the head was trained without one).
+
+    token_ids: (N,) target ids in the checkpoint's order; weight: (N, d); scale: the checkpoint's logit scale."""
+
+    token_ids: torch.Tensor
+    weight: torch.Tensor
+    scale: float = 1.0
+
+    def __call__(self, features: torch.Tensor) -> HeadOutput:
+        logits = F.linear(features, self.weight).float()  # (T, N)
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        sizes = torch.full((logits.shape[0],), logits.shape[1], device=logits.device)
+        return HeadOutput(self.token_ids, logits, sizes)
 
 
 @dataclass
@@ -113,9 +137,11 @@ class ShortlistHead:
         static_token_ids: torch.Tensor | None,
         transform: LogitTransform = LogitTransform(),
         static_ranked: bool = False,
+        trained: TrainedHead | None = None,
     ) -> None:
         self.weight = weight  # (V, d) the target's LM head, not copied
         self.transform = transform
+        self.trained = trained  # the drafter's own head ("trained" mode), or None
         self.clusters = clusters
         self.device = weight.device
         self.cluster_of_token = clusters.cluster_of_token.to(self.device)  # (V,)
@@ -218,6 +244,14 @@ class ShortlistHead:
             if layout == "lanes":
                 return self._lanes(features, router_logits, k, context)
             return self._dynamic(features, select_clusters(router_logits, k, union_limit), context)
+        if mode == "trained":
+            if self.trained is None:
+                raise ValueError(
+                    "head_mode='trained' needs a drafter with its own trained head (an EAGLE-3 checkpoint's lm_head, "
+                    "loaded with `DynaSpecDrafter.from_pretrained(<checkpoint>)`); this drafter borrows the target's "
+                    "LM-head rows: use head_mode 'dynamic', 'static' or 'full'."
+                )
+            return self.trained(features)
         if mode == "full":
             logits = self.transform(F.linear(features, self.weight).float())  # (T, V)
             ids = torch.arange(logits.shape[-1], device=self.device)

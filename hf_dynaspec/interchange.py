@@ -1,21 +1,22 @@
-"""EAGLE-3 checkpoint interchange: export a DynaSpec EAGLE-3 drafter as a vLLM / SGLang draft model, and load such a
-checkpoint (ours, the EAGLE authors' layout converted to safetensors, SpecForge's or vLLM speculators') back into a
-`DynaSpecDrafter` whose static head is the checkpoint's draft vocabulary.
+"""EAGLE-3 checkpoint export: write a DynaSpec EAGLE-3 drafter as a vLLM / SGLang draft model (the reverse,
+opening checkpoints written here or elsewhere, is `hf_dynaspec.checkpoints`).
 
     python -c "
     from transformers import LlamaConfig, LlamaForCausalLM; from hf_dynaspec import DynaSpecDrafter
-    from hf_dynaspec.interchange import export_eagle3, load_eagle3
+    from hf_dynaspec.interchange import export_eagle3
     t = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=8,
         num_attention_heads=4, num_key_value_heads=2, eos_token_id=2))
     d = DynaSpecDrafter.from_target(t, num_clusters=8); d.set_static_shortlist(list(range(3, 60)))
     export_eagle3(d, t, '/tmp/eagle3-draft', draft_vocab_size=64)
-    print(load_eagle3('/tmp/eagle3-draft', t, num_clusters=8).static_token_ids.numel())"
+    print(DynaSpecDrafter.from_pretrained('/tmp/eagle3-draft').draft_token_ids.numel())"
 
 What an exported folder holds (config.json + model.safetensors, nothing pickled):
     fc.weight        (d, 3d)    the fused target layers, blocks in ascending layer order (the order servers concatenate)
     midlayer.*                  the decoder layer (`layers.0.*` in the speculators layout); q/k/v_proj are (·, 2d)
     norm.weight      (d,)
-    lm_head.weight   (N, d)     the target's LM-head rows of the N-token draft vocabulary (ascending ids)
+    lm_head.weight   (N, d)     the target's LM-head rows of the N-token draft vocabulary (ascending ids), or the
+                                drafter's own trained head (an imported checkpoint's, with its vocabulary's order)
+    input_norm / fc_norm.{i} / embed_tokens   where the drafter has them (an imported checkpoint's variants)
     d2t              (N,) int64 target id of draft index i minus i (EAGLE-3's definition: target = i + d2t[i])
     t2d              (V,) bool  membership of each target id in the draft vocabulary
 The embeddings are not written: both servers borrow the target's when the draft has none.
@@ -59,18 +60,16 @@ Checked against (file @ commit):
 from __future__ import annotations
 
 import json
-import math
 import os
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import LlamaConfig, PreTrainedModel
 
-from .configuration import SERVED_ACTIVATION, DynaSpecConfig, eagle3_layer_ids
+from .configuration import EAGLE3_VARIANTS, SERVED_ACTIVATION
 from .head import LogitTransform
 from .modeling import DynaSpecDrafter
 from .router import select_clusters
@@ -178,7 +177,8 @@ def draft_vocabulary(
 
 
 def vocabulary_maps(draft_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """EAGLE-3's maps of an ascending draft vocabulary (N,): d2t (N,) int64 = id - arange, t2d (V,) bool."""
+    """EAGLE-3's maps of a draft vocabulary (N,) (ascending, or an imported head's own order): d2t (N,) int64 =
+    id - arange, t2d (V,) bool."""
     d2t = draft_ids.to(torch.int64) - torch.arange(draft_ids.numel(), dtype=torch.int64)
     t2d = torch.zeros(vocab_size, dtype=torch.bool)
     t2d[draft_ids] = True
@@ -216,25 +216,6 @@ def sglang_layer_ids(hf_ids: list[int]) -> list[int]:
             stacklevel=3,
         )
     return [i - 1 for i in hf_ids]
-
-
-def layer_ids_from_config(spec: dict[str, Any], num_layers: int) -> list[int]:
-    """HF indices of a checkpoint's fused layers: top-level ids (vLLM convention) first, else eagle_config's
-    (SGLang: +1 when the first id is 1, as SGLang reads them since PR #25454), else the servers' default."""
-    top, nested = spec.get("eagle_aux_hidden_state_layer_ids"), spec.get("sglang_layer_ids")
-    if top:
-        ids = [int(i) for i in top]
-    elif nested:
-        ids = [int(i) + (1 if int(nested[0]) == 1 else 0) for i in nested]
-    else:
-        ids = eagle3_layer_ids(num_layers)
-    if len(set(ids)) != len(ids) or not all(0 <= i < num_layers for i in ids):
-        raise ValueError(
-            f"eagle_aux_hidden_state_layer_ids {ids} (as HF hidden-state indices) must be distinct and in "
-            f"[0, {num_layers - 1}] for a {num_layers}-layer target ({num_layers}, the last layer's un-normed "
-            "output in recent vLLM, is not a hidden state the drafter reads)."
-        )
-    return sorted(ids)  # servers concatenate in layer order
 
 
 # ---------------------------------------------------------------------------------------------- export
@@ -285,21 +266,31 @@ def eagle3_config(drafter: DynaSpecDrafter, target: PreTrainedModel, draft_vocab
     """config.json of the EAGLE-3 layout (vLLM `--speculative-config` model, SGLang `--speculative-draft-model-path`)."""
     hf_ids, _ = server_layer_ids(drafter)
     config = layer_config_fields(drafter, drafter.config.vocab_size)
+    if drafter.config.norm_output:
+        raise ValueError("norm_output (the next step reads the normed output) has another meaning in SGLang / "
+                         "SpecForge configs: export this drafter with format='speculators'.")
+    variants = {k: getattr(drafter.config, k) for k in ("norm_before_residual", "norm_before_fc", "fc_norm")}
     config.update(
         architectures=[ARCHITECTURE],
         draft_vocab_size=draft_vocab_size,
         target_hidden_size=drafter.config.hidden_size,
-        norm_before_residual=False,
         eagle_aux_hidden_state_layer_ids=hf_ids,  # vLLM: the hidden state entering layer i
         eagle_config={
             "eagle_aux_hidden_state_layer_ids": sglang_layer_ids(hf_ids),
             "use_aux_hidden_state": True,
+            "norm_before_fc": variants["norm_before_fc"],
         },
+        **variants,
     )
-    scale = LogitTransform.of(target.config).scale
+    scale = logit_scale(drafter, target)
     if scale != 1.0:
         config["logit_scale"] = scale  # vLLM multiplies the draft logits by it
     return config
+
+
+def logit_scale(drafter: DynaSpecDrafter, target: PreTrainedModel) -> float:
+    """The draft logits' scale: the own trained head's, else the target's (its rows are the head)."""
+    return drafter.config.draft_logit_scale if drafter.config.draft_vocab_size else LogitTransform.of(target.config).scale
 
 
 def speculators_config(
@@ -322,8 +313,8 @@ def speculators_config(
         transformer_layer_config=layer,
         draft_vocab_size=draft_vocab_size,
         target_hidden_size=drafter.config.hidden_size,
-        norm_before_residual=False,  # vLLM reads a missing value as true
-        norm_before_fc=False,
+        # written out: vLLM reads a missing norm_before_residual as true
+        **{k: getattr(drafter.config, k) for k in EAGLE3_VARIANTS},
         eagle_aux_hidden_state_layer_ids=hf_ids,
         torch_dtype=layer["torch_dtype"],
         speculators_config={
@@ -344,10 +335,19 @@ def export_tensors(
     d, dtype = drafter.config.hidden_size, drafter.fc.weight.dtype
     blocks = drafter.fc.weight.detach().unflatten(1, (len(order), d))  # (d, 3, d), the drafter's order
     fc = blocks[:, order].flatten(1)  # (d, 3d) in layer order
-    head = target.get_output_embeddings().weight.detach()  # (V, d)
     tensors = {"fc.weight": fc, "norm.weight": drafter.norm.weight.detach()}
+    if drafter.config.norm_before_fc:
+        tensors["input_norm.weight"] = drafter.input_norm.weight.detach().unflatten(0, (len(order), d))[order].flatten()
+    if drafter.config.fc_norm:
+        tensors |= {f"fc_norm.{i}.weight": drafter.fc_norm[j].weight.detach() for i, j in enumerate(order)}
+    if drafter.config.own_embeddings:
+        tensors["embed_tokens.weight"] = drafter.embed_tokens.weight.detach()
     tensors |= {prefix + name: value.detach() for name, value in drafter.layer.state_dict().items()}
-    tensors["lm_head.weight"] = head.index_select(0, draft_ids.to(head.device)).to(dtype)  # (N, d)
+    if drafter.config.draft_vocab_size:  # its own trained head, as it was read
+        tensors["lm_head.weight"] = drafter.draft_head.weight.detach()  # (N, d)
+    else:
+        head = target.get_output_embeddings().weight.detach()  # (V, d)
+        tensors["lm_head.weight"] = head.index_select(0, draft_ids.to(head.device)).to(dtype)  # (N, d)
     if draft_ids.numel() < drafter.config.vocab_size:  # every id: no maps (vLLM then has no d2t to load into)
         tensors |= dict(zip(("d2t", "t2d"), vocabulary_maps(draft_ids, drafter.config.vocab_size)))
     return {name: value.cpu().contiguous() for name, value in tensors.items()}
@@ -375,7 +375,13 @@ def export_eagle3(
         )
     drafter.check_target(target)
     servable_layer(drafter)  # before the draft vocabulary, and before anything is written
-    draft_ids = draft_vocabulary(drafter, draft_vocab_size, token_counts)
+    if drafter.config.draft_vocab_size:  # an imported head goes back as it came, over its own vocabulary
+        if draft_vocab_size is not None or token_counts is not None:
+            raise ValueError(f"This drafter has its own trained head over {drafter.config.draft_vocab_size} tokens; "
+                             "it is exported as it is: drop draft_vocab_size / token_counts.")
+        draft_ids = drafter.draft_token_ids.cpu()
+    else:
+        draft_ids = draft_vocabulary(drafter, draft_vocab_size, token_counts)
     size = int(draft_ids.numel())
     if format == "eagle3":
         config = eagle3_config(drafter, target, size)
@@ -392,223 +398,3 @@ def export_eagle3(
     )
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
-
-
-# ---------------------------------------------------------------------------------------------- load
-
-
-def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(config.json, tensors) of a local EAGLE-3 folder: model.safetensors, a sharded index, or any *.safetensors.
-    Pickled weights (pytorch_model.bin, *.pt) are refused."""
-    folder = Path(path)
-    if not (folder / "config.json").is_file():
-        raise ValueError(
-            f"{folder / 'config.json'} is missing: {folder} is not an EAGLE-3 checkpoint folder."
-        )
-    config = json.loads((folder / "config.json").read_text())
-    if (folder / INDEX).is_file():
-        files = sorted({folder / f for f in json.loads((folder / INDEX).read_text())["weight_map"].values()})
-    else:
-        files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        pickled = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl"))
-        raise ValueError(
-            f"{folder} has no *.safetensors weights{f' (only pickled {pickled})' if pickled else ''}: safetensors only. "
-            "Convert once in a trusted environment: safetensors.torch.save_file(torch.load(bin), 'model.safetensors')."
-        )
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            tensors |= {name: handle.get_tensor(name) for name in handle.keys()}
-    return config, tensors
-
-
-def checkpoint_spec(config: dict[str, Any]) -> dict[str, Any]:
-    """One view of both layouts: the layer's Llama config under "layer", the EAGLE-3 keys beside it."""
-    if "speculators_model_type" in config:
-        if config["speculators_model_type"] != "eagle3":
-            raise ValueError(
-                f"speculators_model_type {config['speculators_model_type']!r}: only 'eagle3' is supported."
-            )
-        if "norm_before_residual" not in config:
-            raise ValueError(
-                "norm_before_residual is missing from the speculators config (vLLM reads it as true)."
-            )
-        layer, top = dict(config.get("transformer_layer_config") or {}), config
-        nested: dict[str, Any] = {}
-    else:
-        layer, top, nested = config, config, dict(config.get("eagle_config") or {})
-    keys = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids")
-    spec = {key: top.get(key) for key in keys}
-    spec |= {
-        "layer": layer,
-        "sglang_layer_ids": nested.get("eagle_aux_hidden_state_layer_ids"),
-        "norm_before_residual": bool(top.get("norm_before_residual", False)),
-        "norm_before_fc": bool(top.get("norm_before_fc", nested.get("norm_before_fc", False))),
-        "use_aux_hidden_state": bool(nested.get("use_aux_hidden_state", True)),
-    }
-    return spec
-
-
-def check_spec(
-    spec: dict[str, Any], drafter_layer: LlamaConfig, target_vocab: int, target_width: int
-) -> None:
-    """Raise `ValueError` naming the config key that this target / drafter layer cannot serve."""
-    layer = spec["layer"]
-    unsupported = [k for k in ("norm_before_residual", "norm_before_fc") if spec[k]]
-    if unsupported or not spec["use_aux_hidden_state"]:
-        raise ValueError(f"Unsupported EAGLE-3 variant ({unsupported or ['use_aux_hidden_state=false']}).")
-    found = {"hidden_size": layer.get("hidden_size"), "vocab_size": layer.get("vocab_size")}
-    # target_hidden_size absent: the servers take the draft's own width
-    found["target_hidden_size"] = spec["target_hidden_size"] or found["hidden_size"]
-    for key, want in (
-        ("hidden_size", target_width),
-        ("target_hidden_size", target_width),
-        ("vocab_size", target_vocab),
-    ):
-        if found[key] is None or int(found[key]) != want:
-            raise ValueError(f"Checkpoint config {key}={found[key]!r}, but the target needs {want}.")
-    if int(layer.get("num_hidden_layers", 1)) != 1:
-        raise ValueError(
-            f"Checkpoint config num_hidden_layers={layer['num_hidden_layers']}: one layer is supported."
-        )
-    for key in LAYER_FIELDS[1:]:
-        got = layer.get(key)
-        if got is not None and int(got) != int(getattr(drafter_layer, key)):
-            raise ValueError(
-                f"Checkpoint config {key}={got}, the drafter layer (sized from the target) has "
-                f"{getattr(drafter_layer, key)}."
-            )
-    check_rope_and_norm(layer, drafter_layer)
-
-
-def check_rope_and_norm(layer: dict[str, Any], drafter_layer: LlamaConfig) -> None:
-    """The checkpoint's rotary embedding and norm epsilon as transformers reads them (missing keys: the defaults the
-    servers would use) must be the drafter's."""
-    rope_keys = ("rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings")
-    fields = {k: layer[k] for k in rope_keys if layer.get(k) is not None}
-    fields.setdefault("max_position_embeddings", drafter_layer.max_position_embeddings)
-    theirs = dict(LlamaConfig(**fields).rope_parameters or {})
-    mine = dict(drafter_layer.rope_parameters or {})
-    for key in sorted(set(theirs) | set(mine)):
-        a, b = theirs.get(key), mine.get(key)
-        same = math.isclose(a, b) if isinstance(a, float | int) and isinstance(b, float | int) else a == b
-        if not same:
-            raise ValueError(f"Checkpoint config rope {key}={a!r}, the drafter layer has {b!r}.")
-    eps = layer.get("rms_norm_eps", 1e-6)
-    if not math.isclose(float(eps), float(drafter_layer.rms_norm_eps), rel_tol=1e-6):
-        raise ValueError(
-            f"Checkpoint config rms_norm_eps={eps}, the drafter layer has {drafter_layer.rms_norm_eps}."
-        )
-
-
-def checkpoint_vocabulary(
-    tensors: dict[str, torch.Tensor], spec: dict[str, Any], vocab_size: int
-) -> torch.Tensor:
-    """(N,) target ids of the draft vocabulary: arange(N) + d2t, checked against t2d and the config."""
-    size = int(spec["draft_vocab_size"] or vocab_size)
-    if "d2t" not in tensors:
-        if size != vocab_size:
-            raise ValueError(
-                f"Tensor d2t is missing: draft_vocab_size={size} < vocab_size={vocab_size} needs it."
-            )
-        return torch.arange(vocab_size)
-    d2t = tensors["d2t"]
-    if d2t.shape != (size,) or d2t.is_floating_point():
-        raise ValueError(f"Tensor d2t has shape {tuple(d2t.shape)} {d2t.dtype}; expected ({size},) integers.")
-    ids = torch.arange(size) + d2t.to(torch.int64)  # (N,)
-    if int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != size:
-        raise ValueError(f"Tensor d2t maps to ids outside [0, {vocab_size}) or to repeated ids.")
-    t2d = tensors.get("t2d")
-    if t2d is not None and (
-        t2d.shape != (vocab_size,) or not torch.equal(t2d.bool().nonzero().flatten(), ids.sort().values)
-    ):
-        raise ValueError(f"Tensor t2d (shape {tuple(t2d.shape)}) disagrees with d2t.")
-    return ids
-
-
-def drafter_weights(
-    tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """The checkpoint's fc / layer / norm tensors under the drafter's names, shape-checked against `expected`."""
-    known = {"lm_head.weight", "d2t", "t2d", "embed_tokens.weight"}
-    renamed: dict[str, torch.Tensor] = {}
-    for name, value in tensors.items():
-        short = name.removeprefix("model.")
-        if short in known:
-            continue
-        for prefix in ("midlayer.", "layers.0."):
-            if short.startswith(prefix):
-                short = "layer." + short.removeprefix(prefix)
-        if short not in expected:
-            raise ValueError(
-                f"Unexpected tensor {name} (shape {tuple(value.shape)}): not part of a one-layer EAGLE-3 draft."
-            )
-        if value.shape != expected[short].shape:
-            raise ValueError(
-                f"Tensor {name} has shape {tuple(value.shape)}, expected {tuple(expected[short].shape)}."
-            )
-        renamed[short] = value
-    missing = sorted(set(expected) - set(renamed))
-    if missing:
-        stored = [name.removeprefix("model.") for name in tensors]
-        prefix = "layers.0." if any(name.startswith("layers.0.") for name in stored) else "midlayer."
-        names = [prefix + m.removeprefix("layer.") if m.startswith("layer.") else m for m in missing]
-        raise ValueError(f"Checkpoint tensors missing: {names}.")
-    return renamed
-
-
-def check_head(tensors: dict[str, torch.Tensor], draft_ids: torch.Tensor, target: PreTrainedModel) -> None:
-    """lm_head must be (N, d); warn when it is not the target's rows (EAGLE-3 trains its own head, the DynaSpec
-    drafter borrows the target's, so drafts then differ from the server's)."""
-    head = target.get_output_embeddings().weight.detach()  # (V, d)
-    theirs = tensors.get("lm_head.weight")
-    if theirs is None:
-        if draft_ids.numel() != head.shape[0]:
-            raise ValueError("Tensor lm_head.weight is missing (needed when draft_vocab_size < vocab_size).")
-        return
-    if theirs.shape != (draft_ids.numel(), head.shape[1]):
-        raise ValueError(
-            f"Tensor lm_head.weight has shape {tuple(theirs.shape)}, expected ({draft_ids.numel()}, {head.shape[1]})."
-        )
-    rows = head.index_select(0, draft_ids.to(head.device)).float().cpu()
-    gap = float((theirs.float() - rows).abs().max())
-    if gap > 1e-3 * max(1.0, float(rows.abs().max())):
-        warnings.warn(
-            f"The checkpoint's lm_head differs from the target's LM-head rows of its draft vocabulary (max |diff| "
-            f"{gap:.3g}): the DynaSpec drafter uses the target's rows, so its drafts differ from the server's.",
-            stacklevel=3,
-        )
-
-
-def load_eagle3(
-    path: str | os.PathLike, target: PreTrainedModel, num_clusters: int = 64, seed: int = 0
-) -> DynaSpecDrafter:
-    """A `DynaSpecDrafter` (EAGLE-3 architecture, bound to `target`) from an EAGLE-3 checkpoint folder: fc, layer
-    and norm loaded, the checkpoint's draft vocabulary stored as the static shortlist (`head_mode="static"`), fresh
-    vocabulary clusters and router (train the router before using `head_mode="dynamic"`)."""
-    config, tensors = read_checkpoint(path)
-    spec = checkpoint_spec(config)
-    text = target.config.get_text_config()
-    vocab_size = target.get_output_embeddings().weight.shape[0]
-    settings = dict(drafter_architecture="eagle3", num_clusters=min(num_clusters, vocab_size))
-    settings["target_layer_ids"] = layer_ids_from_config(spec, int(text.num_hidden_layers))
-    settings["layer_hidden_act"] = spec["layer"].get("hidden_act") or SERVED_ACTIVATION  # the servers' default
-    if spec["layer"].get("intermediate_size") is not None:
-        settings["layer_intermediate_size"] = int(spec["layer"]["intermediate_size"])
-    layer = DynaSpecConfig.from_target_config(target.config, **settings).build_layer_config()
-    check_spec(spec, layer, vocab_size, int(text.hidden_size))  # before the (slower) clustering
-    draft_ids = checkpoint_vocabulary(tensors, spec, vocab_size)
-    embed = tensors.get("embed_tokens.weight", tensors.get("model.embed_tokens.weight"))
-    if embed is not None and embed.shape != (vocab_size, text.hidden_size):
-        raise ValueError(
-            f"Tensor embed_tokens.weight has shape {tuple(embed.shape)}, expected ({vocab_size}, {text.hidden_size})."
-        )
-    check_head(tensors, draft_ids, target)
-    drafter = DynaSpecDrafter.from_target(target, seed=seed, **settings)
-    expected = {k: v for k, v in drafter.state_dict().items() if k.split(".")[0] in ("fc", "layer", "norm")}
-    weights = drafter_weights(tensors, expected)
-    dtype = drafter.fc.weight.dtype
-    drafter.load_state_dict({k: v.to(dtype) for k, v in weights.items()}, strict=False)
-    drafter.set_static_shortlist(draft_ids)
-    return drafter.eval()

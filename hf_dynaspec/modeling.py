@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from .clustering import VocabClusters, cluster_vocabulary
 from .configuration import DynaSpecConfig
 from .eagle3 import Eagle3DecoderLayer
 from .generation_config import DynaSpecGenerationConfig, default_drafter_generation_config
-from .head import HeadOutput, LogitTransform, ShortlistHead
+from .head import HeadOutput, LogitTransform, ShortlistHead, TrainedHead
 from .masks import attention_kinds, causal_mask
 from .router import ClusterRouter, Timer, run_router_beside
 from .target_states import select_hidden_states
@@ -49,8 +50,8 @@ class DrafterOutput(ModelOutput):
 
     hidden_states: (B, T, d) the drafter's features after its final norm (what the head reads);
     next_hidden_states: (B, T, d) what the next draft step reads as `hidden_states` (EAGLE-3: the pre-norm
-    output; EAGLE-1: the same as hidden_states); router_logits: (B, T, M); head: shortlisted logits of the T positions (only when B == 1 and a head mode
-    is asked for); vocab_logits: (T, V) scatter of `head` with -inf outside the shortlist, only when asked.
+    output, or hidden_states with `norm_output`; EAGLE-1: the same as hidden_states); router_logits: (B, T, M);
+    head: shortlisted logits of the T positions (only when B == 1 and a head mode is asked for); vocab_logits: (T, V) scatter of `head` with -inf outside the shortlist, only when asked.
     """
 
     hidden_states: torch.Tensor | None = None
@@ -103,8 +104,13 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         eps = getattr(layer_config, "rms_norm_eps", 1e-6)
         self.is_eagle3 = config.drafter_architecture == "eagle3"
         if self.is_eagle3:
-            self.fc = nn.Linear(len(config.target_layer_ids) * d, d, bias=False)  # fused target layers -> d
-            self.layer = Eagle3DecoderLayer(layer_config, layer_idx=0)
+            width = config.num_fused_layers * d  # the fused target layers
+            if config.norm_before_fc:  # one norm over them (speculators' training default)
+                self.input_norm = norm_cls(width, eps=eps)
+            elif config.fc_norm:  # one norm per fused layer (EAGLE 3.1)
+                self.fc_norm = nn.ModuleList(norm_cls(d, eps=eps) for _ in range(config.num_fused_layers))
+            self.fc = nn.Linear(width, d, bias=False)  # fused target layers -> d
+            self.layer = Eagle3DecoderLayer(layer_config, layer_idx=0, norm_before_residual=config.norm_before_residual)
         else:
             self.fc = nn.Linear(2 * d, d, bias=False)  # [embedding; hidden state] -> d
             self.layer = layer_cls(layer_config, layer_idx=0)
@@ -121,6 +127,13 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         self.register_buffer(
             "static_token_ids", torch.zeros(config.static_shortlist_size, dtype=torch.long), persistent=True
         )
+        if config.own_embeddings:  # a checkpoint's own embeddings (vLLM uses them where a checkpoint has them)
+            self.embed_tokens = nn.Embedding(config.vocab_size, d)
+        if config.draft_vocab_size:  # an own trained head over N draft tokens (`head_mode="trained"`)
+            self.draft_head = nn.Linear(d, config.draft_vocab_size, bias=False)  # (N, d)
+            self.register_buffer(
+                "draft_token_ids", torch.zeros(config.draft_vocab_size, dtype=torch.long), persistent=True
+            )  # (N,) target id of each draft index, in the checkpoint's order (EAGLE-3: i + d2t[i])
         self.generation_config = default_drafter_generation_config(config.shortlist_k0, config.shortlist_k1)
         self._binding: _Binding | None = None
         self._clusters_cache: VocabClusters | None = None
@@ -250,12 +263,19 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
             ("hidden size", text_config.hidden_size, self.config.hidden_size),
         )
         for what, target_value, drafter_value in checks:
-            if target_value != drafter_value:
+            if drafter_value is not None and target_value != drafter_value:
                 raise ValueError(
                     f"This drafter was built for a target with {what} {drafter_value!r}, but the target has "
                     f"{target_value!r}. Use a drafter trained for this target, or build one with "
                     "`DynaSpecDrafter.from_target(target)` and train it (`hf-dynaspec train`)."
                 )
+        num_layers = int(text_config.num_hidden_layers)
+        ids = [] if self.config.layer_ids_from_target else self.config.target_layer_ids
+        if any(not 0 <= i <= num_layers for i in ids):
+            raise ValueError(
+                f"This drafter reads the target's hidden states {ids} (eagle_aux_hidden_state_layer_ids), but the "
+                f"target has {num_layers} layers (hidden states 0..{num_layers}): it was made for another target."
+            )
 
     def bind(self, target: PreTrainedModel, force: bool = False) -> DynaSpecDrafter:
         """Borrow `target`'s input embeddings and LM head (no copy of the embeddings; head views are prepared)."""
@@ -265,15 +285,44 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
             if _same_storage(current.head.weight, target.get_output_embeddings().weight):
                 return self
         self.check_target(target)
+        self.config.resolve_layer_ids(int(target.config.get_text_config().num_hidden_layers))
         weight = target.get_output_embeddings().weight.detach()
         if self.fc.weight.device != weight.device or self.fc.weight.dtype != weight.dtype:
             self.to(device=weight.device, dtype=weight.dtype)
         static_ids = self.static_token_ids if self.static_token_ids.numel() else None
         transform = LogitTransform.of(target.config)
         head = ShortlistHead(weight, self.clusters, self.config.always_include_ids, static_ids, transform,
-                             static_ranked=self.config.static_shortlist_ranked)
-        self._binding = _Binding(target, target.get_input_embeddings(), head)
+                             static_ranked=self.config.static_shortlist_ranked, trained=self.trained_head())
+        embed = self.embed_tokens if self.config.own_embeddings else target.get_input_embeddings()
+        self._binding = _Binding(target, embed, head)
         return self
+
+    def trained_head(self) -> TrainedHead | None:
+        """The drafter's own trained head (`head_mode="trained"`), or None when it only borrows the target's rows."""
+        if not self.config.draft_vocab_size:
+            return None
+        return TrainedHead(self.draft_token_ids, self.draft_head.weight.detach(), self.config.draft_logit_scale)
+
+    def set_trained_head(self, token_ids: torch.Tensor, weight: torch.Tensor, logit_scale: float = 1.0) -> None:
+        """Give an EAGLE-3 drafter its own trained head: weight (N, d) over the target ids token_ids (N,) (distinct,
+        in the head's order), replacing any it had."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+        size, d = ids.numel(), self.config.hidden_size
+        if weight.shape != (size, d):
+            raise ValueError(f"The trained head's weight must be ({size}, {d}) for {size} token ids, got "
+                             f"{tuple(weight.shape)}.")
+        if size and (int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size or ids.unique().numel() != size):
+            raise ValueError(f"The trained head's token ids must be distinct and in [0, {self.config.vocab_size}).")
+        self.config.draft_vocab_size = size
+        self.config.draft_logit_scale = float(logit_scale)
+        self.config.validate_settings()
+        like = self.fc.weight
+        self.draft_head = nn.Linear(d, size, bias=False).to(device=like.device, dtype=like.dtype)
+        with torch.no_grad():
+            self.draft_head.weight.copy_(weight)
+        self.register_buffer("draft_token_ids", ids.to(like.device), persistent=True)  # replaces any held
+        if self._binding is not None:
+            self.bind(self._binding.target, force=True)
 
     @property
     def bound_target(self) -> nn.Module | None:
@@ -296,7 +345,8 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
 
     def project(self, target_features: torch.Tensor) -> torch.Tensor:
         """The first draft step's `hidden_states` from `target_features` (..., k * d): EAGLE-3 fuses the layers
-        with `fc` (-> (..., d)); EAGLE-1 reads the final hidden state as it is."""
+        with `fc` (-> (..., d)), after `input_norm` / `fc_norm` where the checkpoint has them; EAGLE-1 reads the
+        final hidden state as it is."""
         width = len(self.config.feature_layer_ids) * self.config.hidden_size
         if target_features.shape[-1] != width:
             raise ValueError(
@@ -304,7 +354,14 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
                 f"{self.config.hidden_size}), got {target_features.shape[-1]}: pass `drafter.target_features(...)`."
             )
         features = target_features.to(self.fc.weight.dtype)
-        return self.fc(features) if self.is_eagle3 else features
+        if not self.is_eagle3:
+            return features
+        if self.config.norm_before_fc:
+            features = self.input_norm(features)  # (..., k d)
+        elif self.config.fc_norm:
+            blocks = features.chunk(len(self.fc_norm), dim=-1)  # k x (..., d)
+            features = torch.cat([norm(block) for norm, block in zip(self.fc_norm, blocks)], dim=-1)
+        return self.fc(features)
 
     def forward(
         self,
@@ -339,7 +396,7 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         embeds = binding.embed_tokens(input_ids).to(hidden_states.dtype)  # (B, T, d)
         if self.is_eagle3:
             layer_input = self.layer.attention_input(embeds, hidden_states)  # (B, T, 2d)
-            layer_args = (layer_input, hidden_states)
+            layer_args = (layer_input, self.layer.residual(hidden_states))
         else:
             layer_input = self.fc(torch.cat([embeds, hidden_states], dim=-1))  # (B, T, d)
             layer_args = (layer_input,)
@@ -358,7 +415,7 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
         features = self.norm(layer_out)  # (B, T, d)
         output = DrafterOutput(
             hidden_states=features,
-            next_hidden_states=layer_out if self.is_eagle3 else features,
+            next_hidden_states=layer_out if self.is_eagle3 and not self.config.norm_output else features,
             router_logits=router_logits,
         )
         if head_mode is not None:
@@ -394,7 +451,23 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
             tokenizer.save_pretrained(save_directory)
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args: Any, **kwargs: Any):
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, *args: Any, target: PreTrainedModel | None = None,
+        **kwargs: Any,
+    ):
+        """A saved DynaSpec drafter, or a checkpoint of a format registered with `register_checkpoint_format` (the
+        EAGLE-3 layouts of `hf_dynaspec.checkpoints`), from a folder or the Hub. With `target`, bound to it."""
+        hub_kwargs = {k: kwargs[k] for k in HUB_OPTIONS if k in kwargs}
+        if "config" not in kwargs and _CHECKPOINT_FORMATS:
+            config_dict = _config_dict(pretrained_model_name_or_path, hub_kwargs)
+            for recognise, open_checkpoint in _CHECKPOINT_FORMATS:
+                if config_dict is not None and recognise(config_dict):
+                    return open_checkpoint(pretrained_model_name_or_path, target, *args, **kwargs)
+        model = cls._from_saved(pretrained_model_name_or_path, *args, **kwargs)
+        return model if target is None else model.bind(target)
+
+    @classmethod
+    def _from_saved(cls, pretrained_model_name_or_path: str | os.PathLike, *args: Any, **kwargs: Any):
         kwargs["use_safetensors"] = True
         local = Path(pretrained_model_name_or_path) / kwargs.get("subfolder", "")
         if local.is_dir() and not (local / "config.json").is_file() and "config" not in kwargs:
@@ -425,6 +498,35 @@ class DynaSpecDrafter(DynaSpecPreTrainedModel):
 
 
 HUB_OPTIONS = ("subfolder", "revision", "cache_dir", "token", "local_files_only", "force_download", "proxies")
+# (recognise(config.json as a dict) -> bool, open(name_or_path, target, *args, **kwargs) -> drafter): checkpoint
+# layouts other than DynaSpec's own that `from_pretrained` opens (`hf_dynaspec.checkpoints` registers EAGLE-3's)
+_CHECKPOINT_FORMATS: list[tuple[Callable[[dict[str, Any]], Any], Callable[..., DynaSpecDrafter]]] = []
+
+
+def register_checkpoint_format(
+    recognise: Callable[[dict[str, Any]], Any], open_checkpoint: Callable[..., DynaSpecDrafter]
+) -> None:
+    """Let `DynaSpecDrafter.from_pretrained` open another checkpoint layout (idempotent)."""
+    if (recognise, open_checkpoint) not in _CHECKPOINT_FORMATS:
+        _CHECKPOINT_FORMATS.append((recognise, open_checkpoint))
+
+
+def names_a_drafter(name_or_path: str | os.PathLike, **hub_kwargs: Any) -> bool:
+    """Whether a folder or Hub repo holds a DynaSpec drafter or a checkpoint of a registered layout."""
+    config_dict = _config_dict(name_or_path, hub_kwargs)
+    if config_dict is None:
+        return False
+    return config_dict.get("model_type") == DynaSpecConfig.model_type or any(
+        recognise(config_dict) for recognise, _ in _CHECKPOINT_FORMATS)
+
+
+def _config_dict(name_or_path: str | os.PathLike, hub_kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """config.json of a folder or Hub repo, or None where there is none (the saved-drafter path then explains)."""
+    try:
+        config_dict, _ = DynaSpecConfig.get_config_dict(name_or_path, **hub_kwargs)
+    except OSError:
+        return None
+    return config_dict
 
 
 def check_target_kind(target: PreTrainedModel) -> None:

@@ -10,7 +10,8 @@ from helpers import greedy, prompt, speculative, tiny_drafter
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from hf_dynaspec import DynaSpecConfig, DynaSpecDrafter
-from hf_dynaspec.interchange import export_eagle3, load_eagle3
+from hf_dynaspec.checkpoints import load_eagle3
+from hf_dynaspec.interchange import export_eagle3
 
 
 def tiny_gemma3(vocab_size: int = 96, layers: int = 2) -> Gemma3ForCausalLM:

@@ -20,6 +20,7 @@ output is padded with `pad_token_id` as plain decoding pads it.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -136,6 +137,7 @@ def speculative_decode(
                             getattr(target.generation_config, "cache_implementation", None), logits_processor)
     settings = resolve_draft_settings(generation_config, drafter.generation_config, drafter.config,
                                       target.device.type)
+    warn_beyond_window(drafter.config.layer_sliding_window, generation_config.max_length)
     stats = SpeculativeStats(synchronize=settings.synchronize_timers)
     with stats.timer("setup"):
         drafter.bind(target)
@@ -492,6 +494,17 @@ def check_generation_inputs(input_ids: torch.LongTensor, generation_config: Gene
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError("A streamer receives one sequence: with a DynaSpec drafter, stream a batch of one row "
                          "(or generate the batch without `streamer`).")
+
+
+def warn_beyond_window(window: int | None, max_length: int | None) -> None:
+    """A checkpoint's draft layer trained with a sliding window (speculators' default) attends in full here: say
+    so when a call may read past the window (its drafts may then differ from its trainer's; output stays exact)."""
+    if window and max_length and max_length > window:
+        warnings.warn(
+            f"The drafter's layer was trained with a {window}-token attention window (its checkpoint's "
+            f"sliding_window) and attends in full here: up to {max_length} tokens in this call, so drafts past the "
+            "window may differ from vLLM's. The output stays exact.", stacklevel=4,
+        )
 
 
 def build_output(batch: _Batch, generation_config: GenerationConfig) -> DynaSpecGenerateOutput | torch.LongTensor:

@@ -10,6 +10,10 @@ criteria, cache, streamer and assistant. We wrap three methods of `GenerationMix
   transformers refuses for assisted generation, is let through (its rows are decoded as a batch).
 - `_prepare_generation_config`: DynaSpec settings passed as generate() keyword arguments land on the call's
   generation config (plain or DynaSpec), where the decoding loop reads them.
+A drafter may also be named: `generate(assistant_model="<folder or Hub id>")` and `pipeline(...,
+assistant_model="<folder or Hub id>")` (transformers' `pipelines.base.load_assistant_model`, wrapped too) load a
+DynaSpec drafter or an EAGLE-3 checkpoint trained elsewhere (`hf_dynaspec.checkpoints`) once per target and
+process, bound to the target (`assistant_for`).
 At install the wrapped methods' signatures are checked against what the wrappers call (`EXPECTED`): a
 transformers release that renamed or reordered them fails at `import hf_dynaspec` with an error naming the
 supported range, not in the middle of a generation.
@@ -25,13 +29,16 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import os
+import weakref
 from importlib import metadata
 
 import transformers
 from transformers.generation.utils import GenerationMixin, GenerationMode
+from transformers.pipelines import base as pipelines_base
 
 from ..generation_config import REMOVED_FIELDS, SPEC_FIELDS, speculative_fields_of
-from ..modeling import DynaSpecDrafter
+from ..modeling import DynaSpecDrafter, names_a_drafter
 from .decoding import speculative_decode
 
 _MARK = "__hf_dynaspec_hook__"
@@ -48,6 +55,25 @@ EXPECTED = {
 
 def _is_drafter(model: object) -> bool:
     return isinstance(model, DynaSpecDrafter)
+
+
+_ASSISTANTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {name: drafter bound to it}
+
+
+def assistant_for(target, name: str | os.PathLike) -> DynaSpecDrafter:
+    """The drafter `name` (a DynaSpec drafter or an EAGLE-3 checkpoint; folder or Hub id) bound to `target`, loaded
+    once per target and process."""
+    loaded = _ASSISTANTS.setdefault(target, {})
+    key = str(name)
+    if key not in loaded:
+        if not names_a_drafter(key):
+            raise ValueError(
+                f"assistant_model={key!r} names no DynaSpec drafter or EAGLE-3 checkpoint (its config.json is missing "
+                "or of another kind): a named assistant must be one of those; load any other assistant model "
+                "yourself (AutoModelForCausalLM.from_pretrained) and pass the model."
+            )
+        loaded[key] = DynaSpecDrafter.from_pretrained(key, target=target)
+    return loaded[key]
 
 
 def supported_transformers() -> str:
@@ -102,6 +128,8 @@ def _wrap_validate_generation_mode(original):
     @functools.wraps(original)
     def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
         assistant = generation_mode_kwargs.get("assistant_model")
+        if isinstance(assistant, str | os.PathLike):  # a named drafter: loaded here, passed on as the model
+            assistant = generation_mode_kwargs["assistant_model"] = assistant_for(self, assistant)
         if _is_drafter(assistant):
             if generation_mode != GenerationMode.ASSISTED_GENERATION:
                 raise ValueError(
@@ -147,14 +175,40 @@ _WRAPPERS = {
 }
 
 
+def _wrap_load_assistant_model(original):
+    @functools.wraps(original)
+    def load_assistant_model(model, assistant_model, assistant_tokenizer):
+        """A named DynaSpec drafter or EAGLE-3 checkpoint: loaded with its own loader (transformers would build
+        an EAGLE-3 checkpoint as a one-layer LlamaForCausalLM); it shares the target's tokenizer."""
+        if isinstance(assistant_model, str) and names_a_drafter(assistant_model):
+            return assistant_for(model, assistant_model), None
+        return original(model, assistant_model, assistant_tokenizer)
+
+    setattr(load_assistant_model, _MARK, original)
+    return load_assistant_model
+
+
+PIPELINE_LOADER = ("model", "assistant_model", "assistant_tokenizer")  # pipelines.base.load_assistant_model's
+
+
 def install() -> None:
-    """Install the hooks on `GenerationMixin` (idempotent); `RuntimeError` on an unsupported transformers."""
+    """Install the hooks on `GenerationMixin` and the pipelines' assistant loader (idempotent); `RuntimeError` on
+    an unsupported transformers."""
     pending = {name: getattr(GenerationMixin, name) for name in _WRAPPERS}
     pending = {name: method for name, method in pending.items() if not hasattr(method, _MARK)}
     for name, method in pending.items():
         check_signature(name, method)  # all checked before any is wrapped
+    loader = pipelines_base.load_assistant_model
+    if not hasattr(loader, _MARK) and tuple(inspect.signature(loader).parameters) != PIPELINE_LOADER:
+        raise RuntimeError(
+            f"hf-dynaspec cannot hook transformers {transformers.__version__}: pipelines.base.load_assistant_model "
+            f"takes {list(inspect.signature(loader).parameters)}, expected {list(PIPELINE_LOADER)}. Install a "
+            f"supported version: pip install '{supported_transformers()}'."
+        )
     for name, method in pending.items():
         setattr(GenerationMixin, name, _WRAPPERS[name](method))
+    if not hasattr(loader, _MARK):
+        pipelines_base.load_assistant_model = _wrap_load_assistant_model(loader)
 
 
 def uninstall() -> None:
@@ -163,3 +217,5 @@ def uninstall() -> None:
         current = getattr(GenerationMixin, name)
         if hasattr(current, _MARK):
             setattr(GenerationMixin, name, getattr(current, _MARK))
+    if hasattr(pipelines_base.load_assistant_model, _MARK):
+        pipelines_base.load_assistant_model = getattr(pipelines_base.load_assistant_model, _MARK)

@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from ..clustering import cluster_vocabulary
 from .arguments import TrainingArguments
 from .data import Conversation, as_folders, load_dataset, most_frequent
 from .losses import Batch, Candidates, DenseHead, drafter_losses, unrolled_steps
@@ -328,6 +329,7 @@ def train_drafter(
     "curve", "eval": evaluate_drafter(...) on the held-out conversations}."""
     args.check_drafter(drafter)
     drafter.bind(target)
+    prepare_router(drafter, target, args.seed)
     train, groups, sizes = load_split_groups(data_dir, args.heldout_fraction, args.seed)
     check_data_layers(train, drafter.config.feature_layer_ids)
     candidates = None if args.head_vocab is None else Candidates(
@@ -358,6 +360,16 @@ def train_drafter(
         "eval": evaluate_drafter(drafter, final, args.seq_len, max_positions=FINAL_EVAL_POSITIONS,
                                  unroll=max(args.unroll, 3)),
     }
+
+
+def prepare_router(drafter, target, seed: int) -> None:
+    """A router never fitted (an imported EAGLE-3 checkpoint) gets its vocabulary clusters from the target's LM head
+    now; the training that follows fits it (a resumed checkpoint then loads its own clusters over these)."""
+    if drafter.config.router_fitted:
+        return
+    weight = target.get_output_embeddings().weight.detach()
+    drafter.set_clusters(cluster_vocabulary(weight, drafter.config.num_clusters, seed=seed))
+    drafter.config.router_fitted = True
 
 
 def training_steps(drafter, batches: Iterator[Batch], optimized: tuple[list[torch.Tensor], torch.optim.Optimizer],
