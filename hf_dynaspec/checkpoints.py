@@ -292,9 +292,7 @@ def drafter_config(
     if ids is not None and len(ids) != fused or ids is None and fused != 3:
         raise ValueError(f"{source}: fc.weight reads {fused} target layers, eagle_aux_hidden_state_layer_ids names "
                          f"{ids if ids is not None else 'none (the servers default to 3)'}.")
-    eos = (text if text is not None else LlamaConfig(**{k: v for k, v in layer.items() if k == "eos_token_id"}))
-    eos_ids = [] if eos.eos_token_id is None else [eos.eos_token_id] if isinstance(eos.eos_token_id, int) \
-        else list(eos.eos_token_id)
+    eos = text.eos_token_id if text is not None else layer.get("eos_token_id")  # int, list or None
     return DynaSpecConfig(
         vocab_size=vocab, hidden_size=width,
         target_model_type=text.model_type if text is not None else None,
@@ -304,7 +302,8 @@ def drafter_config(
         layer_hidden_act=SERVED_ACTIVATION, layer_intermediate_size=int(layer.get("intermediate_size") or 4 * width),
         router_fitted=False, layer_sliding_window=spec.sliding_window,
         target_name_or_path=getattr(getattr(target, "config", None), "_name_or_path", None) or None,
-        always_include_ids=eos_ids, eos_token_id=eos.eos_token_id, **spec.variants,
+        always_include_ids=[] if eos is None else [eos] if isinstance(eos, int) else list(eos), eos_token_id=eos,
+        **spec.variants,
     )
 
 

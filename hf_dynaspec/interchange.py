@@ -262,8 +262,11 @@ def layer_config_fields(drafter: DynaSpecDrafter, vocab_size: int) -> dict[str, 
     )
 
 
-def eagle3_config(drafter: DynaSpecDrafter, target: PreTrainedModel, draft_vocab_size: int) -> dict[str, Any]:
-    """config.json of the EAGLE-3 layout (vLLM `--speculative-config` model, SGLang `--speculative-draft-model-path`)."""
+def eagle3_config(
+    drafter: DynaSpecDrafter, target: PreTrainedModel, draft_vocab_size: int, trained_head: bool = False
+) -> dict[str, Any]:
+    """config.json of the EAGLE-3 layout (vLLM `--speculative-config` model, SGLang `--speculative-draft-model-path`);
+    `trained_head`: the lm_head written is the drafter's own (its logit scale), else the target's rows."""
     hf_ids, _ = server_layer_ids(drafter)
     config = layer_config_fields(drafter, drafter.config.vocab_size)
     if drafter.config.norm_output:
@@ -282,15 +285,10 @@ def eagle3_config(drafter: DynaSpecDrafter, target: PreTrainedModel, draft_vocab
         },
         **variants,
     )
-    scale = logit_scale(drafter, target)
+    scale = drafter.config.draft_logit_scale if trained_head else LogitTransform.of(target.config).scale
     if scale != 1.0:
         config["logit_scale"] = scale  # vLLM multiplies the draft logits by it
     return config
-
-
-def logit_scale(drafter: DynaSpecDrafter, target: PreTrainedModel) -> float:
-    """The draft logits' scale: the own trained head's, else the target's (its rows are the head)."""
-    return drafter.config.draft_logit_scale if drafter.config.draft_vocab_size else LogitTransform.of(target.config).scale
 
 
 def speculators_config(
@@ -328,9 +326,11 @@ def speculators_config(
 
 @torch.no_grad()
 def export_tensors(
-    drafter: DynaSpecDrafter, target: PreTrainedModel, draft_ids: torch.Tensor, prefix: str
+    drafter: DynaSpecDrafter, target: PreTrainedModel, draft_ids: torch.Tensor, prefix: str, trained_head: bool = False
 ) -> dict[str, torch.Tensor]:
-    """The draft model's tensors under the servers' names (contiguous CPU copies in the drafter's dtype)."""
+    """The draft model's tensors under the servers' names (contiguous CPU copies in the drafter's dtype); lm_head:
+    the drafter's own trained head (`trained_head`, over its own `draft_token_ids`), else the target's rows of
+    `draft_ids`."""
     _, order = server_layer_ids(drafter)
     d, dtype = drafter.config.hidden_size, drafter.fc.weight.dtype
     blocks = drafter.fc.weight.detach().unflatten(1, (len(order), d))  # (d, 3, d), the drafter's order
@@ -343,7 +343,7 @@ def export_tensors(
     if drafter.config.own_embeddings:
         tensors["embed_tokens.weight"] = drafter.embed_tokens.weight.detach()
     tensors |= {prefix + name: value.detach() for name, value in drafter.layer.state_dict().items()}
-    if drafter.config.draft_vocab_size:  # its own trained head, as it was read
+    if trained_head:  # its own trained head, as it was read
         tensors["lm_head.weight"] = drafter.draft_head.weight.detach()  # (N, d)
     else:
         head = target.get_output_embeddings().weight.detach()  # (V, d)
@@ -383,8 +383,9 @@ def export_eagle3(
     else:
         draft_ids = draft_vocabulary(drafter, draft_vocab_size, token_counts)
     size = int(draft_ids.numel())
+    trained = bool(drafter.config.draft_vocab_size)
     if format == "eagle3":
-        config = eagle3_config(drafter, target, size)
+        config = eagle3_config(drafter, target, size, trained)
     else:
         config = speculators_config(drafter, target, size, speculative_tokens)
     config["dynaspec"] = {
@@ -394,7 +395,7 @@ def export_eagle3(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(
-        export_tensors(drafter, target, draft_ids, LAYER_PREFIX[format]), out / WEIGHTS, {"format": "pt"}
+        export_tensors(drafter, target, draft_ids, LAYER_PREFIX[format], trained), out / WEIGHTS, {"format": "pt"}
     )
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
