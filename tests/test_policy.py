@@ -252,12 +252,13 @@ def test_a_batch_chooses_one_block_for_every_row():
     assert choose_options([[plain, lookup]], VerifyCosts((1.0, 1.3, 1.6))) == [plain]  # 1.5 / 1.6 < 1
 
 
+@pytest.mark.parametrize("overhead", [0.0, 0.4])
 @pytest.mark.parametrize("shared", [(0.0, 0.0), (0.15, 0.0), (0.05, 0.4), (0.6, 0.6)])
 @pytest.mark.parametrize("weights", [(1.0, 1.0), (0.3, 2.0), (2.0, 0.01)])
-def test_choose_options_finds_the_best_rate_of_every_combination(weights, shared):
+def test_choose_options_finds_the_best_rate_of_every_combination(weights, shared, overhead):
     """Dinkelbach's iteration per block size and deepest draft against brute force over every combination of
     options, with the drafting's shared parts (a round's, paid D - 1 times; the catch-up's, once if any row
-    drafts) as the rows draft in lockstep."""
+    drafts) as the rows draft in lockstep, and the step's overhead, paid once whatever the rows do."""
     import itertools
 
     level, catch_up = shared
@@ -269,11 +270,33 @@ def test_choose_options_finds_the_best_rate_of_every_combination(weights, shared
     def rate(picks):
         deepest = max(o.plan.depth for o in picks)
         drafting = max(0, deepest - 1) * level + (catch_up if deepest >= 1 else 0.0)
-        return sum(o.expected for o in picks) / (costs(max(o.nodes for o in picks)) + drafting
+        return sum(o.expected for o in picks) / (costs(max(o.nodes for o in picks)) + overhead + drafting
                                                  + sum(o.work for o in picks))
 
     best = max(rate(picks) for picks in itertools.product(*menus))
-    assert rate(choose_options(menus, costs, level, catch_up)) == pytest.approx(best)
+    assert rate(choose_options(menus, costs, level, catch_up, overhead)) == pytest.approx(best)
+
+
+def test_a_step_overhead_makes_plain_steps_dearer_and_trees_larger():
+    """Every step pays the overhead o: a draft that loses to a plain step at o = 0 (1.9 / 2.0 < 1) wins once
+    o = 0.3 counts (1.9 / 2.3 > 1 / 1.3), and a trim at o keeps nodes it would cut at 0."""
+    costs = VerifyCosts((1.0, 1.4, 1.7, 2.0))
+    plain, draft = Option(Plan("plain"), 1.0, 1), Option(Plan("draft", 3), 1.9, 4)
+    assert choose_options([[plain, draft]], costs) == [plain]
+    assert choose_options([[plain, draft]], costs, overhead=0.3) == [draft]
+    dear = VerifyCosts((1.0, 1.5, 1.8, 2.1, 2.4))
+    assert trim(small_tree(), dear, Calibration())[0].tokens.tolist() == [0, 10]  # 1.6 / 1.5 beats the rest
+    assert trim(small_tree(), dear, Calibration(), overhead=0.5)[0].tokens.tolist() == [0, 10, 11]
+
+
+def test_the_step_overhead_is_timed_in_plain_steps_once_a_forward_is():
+    timings = Timings()
+    timings.observe_overhead(0.5)  # the first step, before any forward is timed: its setup is not counted
+    assert timings.overhead_cost() == 0.0
+    timings.plain.add(0.04)
+    timings.observe_overhead(0.01)
+    timings.observe_overhead(-0.001)  # clock noise cannot make a step cheaper than its forward
+    assert timings.overhead_cost() == pytest.approx(0.8 * 0.01 / 0.04)
 
 
 def test_rounds_cost_a_shared_part_and_a_part_per_row_fitted_to_what_was_timed():

@@ -293,6 +293,7 @@ def speculative_step(target: torch.nn.Module, batch: _Batch) -> None:
     row's accepted tokens, keep its path in both caches, tell its policy what happened, and let rows that ended
     leave the batch."""
     rows = batch.running_rows()
+    step_start = time.perf_counter()
     chosen = choose_trees(batch)
     trees = [step.tree for step in chosen]
     start = time.perf_counter()
@@ -310,6 +311,9 @@ def speculative_step(target: torch.nn.Module, batch: _Batch) -> None:
             row.policy.record(plan, tree, walk.path, timed, verified, len(rows), step.drafting, step.drafted,
                               step.catching)
     batch.verifier.commit([walk.path for walk in walks])
+    if rows[0].policy is not None:  # the rest of the step: what every kind of step pays besides its forward
+        drafting = sum(sum(step.seconds.values()) for step in chosen)  # catch-ups, prompt reads, rounds
+        rows[0].policy.timings.observe_overhead(time.perf_counter() - step_start - verify_seconds - drafting)
     drop_finished(batch, target)
 
 
@@ -371,7 +375,8 @@ def choose_trees(batch: _Batch) -> list[Chosen]:
         probed = {b: p for b, p in enumerate(plans) if p.probe}
         plans = plan_rows(rows, root_probs, lookups, rooms, costs, probes, fixed=probed)
     trees = draft_trees(rows, plans, rooms, seconds, together, batch.stats)
-    trimmed = trim_trees(trees, costs, [row.policy.calibration for row in rows])
+    trimmed = trim_trees(trees, costs, [row.policy.calibration for row in rows],
+                         rows[0].policy.timings.overhead_cost())
     batch.quiet_steps = 0 if any(p.kind == "draft" for p in plans) else batch.quiet_steps + 1
     drafting = sum(plan.kind == "draft" for plan in plans) if together else 1
     return [Chosen(plan, tree, predicted, spent, drafted, drafting, catching)
@@ -440,7 +445,8 @@ def plan_rows(rows: list[_Run], root_probs: list[list[float] | None], lookups: l
     timings = rows[0].policy.timings
     stale = first_round and any(probs is None for b, probs in enumerate(root_probs) if b not in fixed)
     shared_catch_up = timings.catch_up_costs()[0] if stale else 0.0  # paid once by the rows catching up
-    return [option.plan for option in choose_options(menus, costs, timings.level_costs()[0], shared_catch_up)]
+    return [option.plan for option in choose_options(menus, costs, timings.level_costs()[0], shared_catch_up,
+                                                     timings.overhead_cost())]
 
 
 def choose_token(scores: torch.Tensor, do_sample: bool) -> int:

@@ -3,7 +3,9 @@
 
 Units: one plain decoding step (a target forward over one token) costs 1. A step that verifies the root and
 draft nodes S costs c(|S| + 1) (`VerifyCosts`, the target's forward over that many tokens, measured once per
-target by `calibration`) plus the drafter's work w, and emits on average
+target by `calibration`) plus the drafter's work w and the step's own overhead o (everything of a step but
+the target's forward and the drafter's: planning, building and walking the tree, emitting, the caches' commit;
+every kind of step pays it, a plain one too), and emits on average
 
     E(S) = 1 + sum_{i in S} a_i         a_i = a_parent(i) * p_i,  a_root = 1
 
@@ -11,19 +13,22 @@ tokens (the 1: the target's own token after the last accepted one). p_i estimate
 picks node i's token once the walk reaches its parent: min(1, kappa_d * q_i) for a drafter node at depth d (q_i
 its draft probability given the parent, kappa_d the drafter's calibration at that depth on this sequence so
 far) and rho_d for a lookup node (the lookup branch's acceptance rate at depth d so far). The policy maximises
-expected tokens per unit of cost, E / (c + w), over three kinds of step:
+expected tokens per unit of cost, E / (c + w + o), over three kinds of step:
 
-- plain: the root alone, rate 1 / c(1) = 1; the drafter reads the accepted tokens when it next drafts;
+- plain: the root alone, rate 1 / (c(1) + o) = 1 / (1 + o); the drafter reads the accepted tokens when it next
+  drafts;
 - lookup: the root and the best prefix of the lookup branch (prompt lookup), no drafter work;
 - drafted: a tree of depth D (1..draft_depth), w = catch-up (the drafter reading the tokens accepted since it
   last drafted, one call) + (D - 1) expansions, each measured online in seconds and divided by a plain step's
-  seconds (a verification's seconds / c(n), also online). Before drafting, E for depth D is predicted from the
+  seconds (a verification's seconds / c(n), also online; o likewise, from each step's seconds left over once
+  its verification and drafting are taken out: small beside a CPU's forward, not beside a GPU's). Without o a
+  plain step looks cheaper than it is next to a drafted one. Before drafting, E for depth D is predicted from the
   root's proposals (A_1 = sum of the root children's p_i, known once the drafter has caught up; else its recent
   mean) scaled by what trees of this sequence kept per depth so far (`DepthProfile`).
 
-After drafting, `trim` keeps the best-ranked m* nodes (the drafter's work is spent: only c counts),
+After drafting, `trim` keeps the best-ranked m* nodes (the drafter's work is spent: only c and o count),
 
-    m* = argmax_m  (1 + a_(1) + ... + a_(m)) / c(m + 1)      a_(1) >= a_(2) >= ...  (a parent ranks first)
+    m* = argmax_m  (1 + a_(1) + ... + a_(m)) / (c(m + 1) + o)      a_(1) >= a_(2) >= ...  (a parent ranks first)
 
 and `record` updates kappa / rho from the nodes the walk tested, the costs from the step's seconds, and the
 predicted (E of the verified tree) against the realised accepted length (`speculative_stats`). A drafted step is
@@ -35,9 +40,9 @@ per row (c = c_B(N), measured at that batch size), and the drafting rows grow th
 (`lockstep`: one drafter forward per round for all of them; a round for S rows costs s + S u, the line through
 the rounds timed so far), so the batch maximises
 
-    sum_b E_b / (c_B(N) + [D >= 1] s_c + (D - 1) s + sum_b w_b)        N = max_b n_b,  D = max_b depth_b
+    sum_b E_b / (c_B(N) + o + [D >= 1] s_c + (D - 1) s + sum_b w_b)        N = max_b n_b,  D = max_b depth_b
 
-over one option per row (`choose_options`; w_b: the row's share of the catch-up and its (depth_b - 1) u; the
+over one option per row (`choose_options`; o: the batch's step overhead, one per step; w_b: the row's share of the catch-up and its (depth_b - 1) u; the
 catch-up's shared part s_c is paid once too; where rows draft one after another, nothing is shared and u is one row's
 round); trimming keeps a common block (`trim_trees`: below it, a row's nodes are free), and the rows due a probe
 probe together where they draft in lockstep, else one per step (`probing_rows`). The depth profile learns from
@@ -162,10 +167,11 @@ def acceptance_estimates(tree: VerifyTree, calibration: Calibration) -> list[flo
     return a
 
 
-def trim(tree: VerifyTree, costs: VerifyCosts, calibration: Calibration) -> tuple[VerifyTree, float]:
+def trim(tree: VerifyTree, costs: VerifyCosts, calibration: Calibration, overhead: float = 0.0
+         ) -> tuple[VerifyTree, float]:
     """The subtree of the best-ranked m* nodes, and its expected accepted length E (module docstring; one row of
     `trim_trees`)."""
-    return trim_trees([tree], costs, [calibration])[0]
+    return trim_trees([tree], costs, [calibration], overhead)[0]
 
 
 def lookup_tree(root_token: int, lookup: Sequence[int]) -> VerifyTree:
@@ -201,6 +207,7 @@ class Timings:
     unit: dict[int, Running] = field(default_factory=dict)  # rows -> seconds of a verification of one token
     ratio: dict[tuple[int, int], Running] = field(default_factory=dict)  # (bucket, n) -> observed c(n)
     shapes: set[tuple[int, int]] = field(default_factory=set)  # (rows, n) verified at least once
+    overhead: Running = field(default_factory=Running)  # seconds of a step outside its forward and drafting
 
     def observe(self, rows: int, nodes: int, seconds: float) -> None:
         """A verification of `nodes` tokens per row for `rows` rows took `seconds`: one token's seconds at this
@@ -229,6 +236,18 @@ class Timings:
                 scale = seen.value / measured(n)
             table.append(max(table[-1], measured(n) * scale))
         return VerifyCosts(tuple(table))
+
+    def observe_overhead(self, seconds: float) -> None:
+        """A step's seconds outside the target's forward and the drafter's work (planning, trees, walk, emit,
+        commit). The first step's is not counted: it pays one-time setup of its own."""
+        if self.plain.value is not None:
+            self.overhead.add(max(0.0, seconds))
+
+    def overhead_cost(self) -> float:
+        """o: a step's overhead in plain steps (0 before a step is measured)."""
+        if self.overhead.value is None or not self.plain.value:
+            return 0.0
+        return self.overhead.value / self.plain.value
 
     def observe_level(self, rows: int, seconds: float) -> None:
         """One round of expansions for `rows` rows drafting together took `seconds`."""
@@ -318,17 +337,17 @@ class Option:
 
 
 def choose_options(menus: Sequence[Sequence[Option]], costs: VerifyCosts, shared_level: float = 0.0,
-                   shared_catch_up: float = 0.0) -> list[Option]:
+                   shared_catch_up: float = 0.0, overhead: float = 0.0) -> list[Option]:
     """One option per row (each menu non-empty), maximising the batch's expected tokens per unit of cost
 
-        R = sum_b E_b / (c(N) + [D >= 1] s_c + (D - 1) s + sum_b w_b)        N = max_b n_b,  D = max_b depth_b
+        R = sum_b E_b / (c(N) + o + [D >= 1] s_c + (D - 1) s + sum_b w_b)        N = max_b n_b,  D = max_b depth_b
 
-    (one forward runs every row's tree padded to N tokens; the drafting rows catch up together, costing
+    (one forward runs every row's tree padded to N tokens; every step pays the `overhead` o once; the drafting rows catch up together, costing
     `shared_catch_up` s_c once plus each stale row's share, and grow their trees in D - 1 rounds, each costing
     `shared_level` s once plus each row's share; the shares are in w). For each block size N and deepest draft D,
     Dinkelbach's iteration: every row takes argmax E - R w over its options with n <= N and depth <= D, R the
     rate of the last choice, until R stops rising (the exact optimum for that N and D). One row:
-    argmax E / (c(n) + (depth - 1) s + w)."""
+    argmax E / (c(n) + o + (depth - 1) s + w)."""
     best: list[Option] = [min(menu, key=lambda o: o.nodes) for menu in menus]
     best_rate = 0.0
     depths = sorted({o.plan.depth for menu in menus for o in menu})
@@ -338,7 +357,8 @@ def choose_options(menus: Sequence[Sequence[Option]], costs: VerifyCosts, shared
             fitting = [[o for o in menu if o.plan.depth <= deepest] for menu in by_block]
             if not all(fitting):
                 continue
-            fixed = costs(block) + max(0, deepest - 1) * shared_level + (shared_catch_up if deepest >= 1 else 0.0)
+            fixed = (costs(block) + overhead + max(0, deepest - 1) * shared_level
+                     + (shared_catch_up if deepest >= 1 else 0.0))
             rate = 0.0
             while True:
                 picks = [max(menu, key=lambda o: o.expected - rate * o.work) for menu in fitting]
@@ -351,15 +371,16 @@ def choose_options(menus: Sequence[Sequence[Option]], costs: VerifyCosts, shared
     return best
 
 
-def trim_trees(trees: Sequence[VerifyTree], costs: VerifyCosts, calibrations: Sequence[Calibration]
-               ) -> list[tuple[VerifyTree, float]]:
+def trim_trees(trees: Sequence[VerifyTree], costs: VerifyCosts, calibrations: Sequence[Calibration],
+               overhead: float = 0.0) -> list[tuple[VerifyTree, float]]:
     """Every row's tree cut to what the batch's verification pays for, each with its expected accepted length E.
-    The drafter's work is spent: only the forward's cost c(N) counts, for a block of N tokens per row,
+    The drafter's work is spent: only the forward's cost c(N) and the step's `overhead` o count, for a block of N
+    tokens per row,
 
-        N* = argmax_N  sum_b E_b(N) / c(N)     E_b(N) = 1 + a_(1) + ... + a_(N - 1) of row b's ranked nodes
+        N* = argmax_N  sum_b E_b(N) / (c(N) + o)     E_b(N) = 1 + a_(1) + ... + a_(N - 1) of row b's ranked nodes
 
     Below the block a node is free, so each row keeps its best-ranked min(N* - 1, m_b) nodes (a parent ranks
-    before its children; a lookup chain keeps a prefix). One row: m* = argmax_m (1 + a_(1..m)) / c(m + 1)."""
+    before its children; a lookup chain keeps a prefix). One row: m* = argmax_m (1 + a_(1..m)) / (c(m + 1) + o)."""
     ranked = []
     for tree, calibration in zip(trees, calibrations):
         a = acceptance_estimates(tree, calibration)
@@ -370,7 +391,7 @@ def trim_trees(trees: Sequence[VerifyTree], costs: VerifyCosts, calibrations: Se
     def total(block: int) -> float:
         return sum(1.0 + sum(gains[: block - 1]) for _, gains in ranked)
 
-    block = max(range(1, largest + 1), key=lambda n: (total(n) / costs(n), -n))
+    block = max(range(1, largest + 1), key=lambda n: (total(n) / (costs(n) + overhead), -n))
     result = []
     for tree, (order, gains) in zip(trees, ranked):
         keep = close_under_ancestors(tree.parent_list, order[: block - 1])
@@ -433,7 +454,8 @@ class StepPolicy:
             return self.probe(root_probs, room)
         menu, costs = [self.options(root_probs, lookup, room)], self.current_costs()
         shared_catch_up = self.timings.catch_up_costs()[0] if root_probs is None else 0.0
-        return choose_options(menu, costs, self.timings.level_costs()[0], shared_catch_up)[0].plan
+        return choose_options(menu, costs, self.timings.level_costs()[0], shared_catch_up,
+                              self.timings.overhead_cost())[0].plan
 
     def current_costs(self, rows: int = 1) -> VerifyCosts:
         """c(n) at this batch size as measured, corrected by the call's own verifications (`Timings.costs`)."""
@@ -489,7 +511,8 @@ class StepPolicy:
             timings.plain.add(seconds["verify"] / self.current_costs(rows)(nodes))
             timings.observe(rows, nodes, seconds["verify"])
         if plan.kind == "draft":
-            own = tree if drafted is None else trim(drafted, self.current_costs(rows), self.calibration)[0]
+            own = (tree if drafted is None else
+                   trim(drafted, self.current_costs(rows), self.calibration, timings.overhead_cost())[0])
             self.profile.add(own, acceptance_estimates(own, self.calibration), plan.root_mass, plan.depth)
             if "catch_up" in seconds:
                 timings.observe_catch_up(catching, seconds["catch_up"])
