@@ -64,8 +64,9 @@ def run_one(args: argparse.Namespace) -> dict:
 
     spec = None if args.draft is None else {"method": "eagle3", "model": args.draft,
                                              "num_speculative_tokens": args.num_drafts}
+    memory = {} if args.memory_fraction is None else {"gpu_memory_utilization": args.memory_fraction}
     llm = LLM(model=args.target, speculative_config=spec, enforce_eager=True, dtype=args.dtype,
-              max_model_len=2048, disable_log_stats=False, seed=0)
+              max_model_len=2048, disable_log_stats=False, seed=0, **memory)
     texts = [r["prompt"] for r in load_bench_prompts(args.prompts_file, args.per_category)][: args.prompts]
     chats = formatted(llm.get_tokenizer(), texts, args.prompt_format)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens)
@@ -120,6 +121,7 @@ def one_arguments(args: argparse.Namespace, draft: str | None, batch: int, out: 
                "--num-drafts", str(args.num_drafts), "--dtype", args.dtype, "--json", str(out),
                "--prompts-file", str(args.prompts_file), "--prompt-format", args.prompt_format]
     command += ["--per-category", str(args.per_category)] if args.per_category else []
+    command += ["--memory-fraction", str(args.memory_fraction)] if args.memory_fraction is not None else []
     return command + (["--draft-folder", draft] if draft else [])
 
 
@@ -245,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-drafts", type=int, default=3, help="num_speculative_tokens")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--cpus", default="0-1", help="VLLM_CPU_OMP_THREADS_BIND")
+    parser.add_argument("--memory-fraction", type=float, default=None,
+                        help="the share of the machine's memory vLLM reserves (its gpu_memory_utilization, which the "
+                             "CPU backend reads as that; vLLM's default 0.92 refuses to start beside another process)")
     parser.add_argument("--summarize", action="store_true", help="write the results from the runs in --out")
     parser.add_argument("--runs-only", action="store_true", help="run the configurations, do not summarize")
     parser.add_argument("--readme", action="store_true", help="with --summarize: the README's block too")
