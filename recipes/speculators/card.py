@@ -40,6 +40,22 @@ def fastest(rows: list[dict]) -> dict:
     return max((r for r in rows if r["method"] != "plain"), key=lambda r: r["tokens_per_s"])
 
 
+def default_line(rows: list[dict], default: str) -> str:
+    """Which head the folder drafts with by default and why: the fastest measured, or the checkpoint's own head
+    where the fastest's lead lies inside its bootstrap interval (a tie)."""
+    best = fastest(rows)
+    own = next(r for r in rows if r["method"] == f"dynaspec[head_mode={default}]")
+    if best is own:
+        return f"Fastest measured: `{best['method']}`, the default."
+    low, high = best["extra"]["speedup_ci"]
+    if low <= own["speedup"] <= high:
+        return (f"Fastest measured: `{best['method']}` ({best['speedup']:.3f}x), a tie with the default "
+                f"`{own['method']}` ({own['speedup']:.3f}x, inside the fastest's 95% interval {low:.2f}-{high:.2f}): the "
+                f"default stays the checkpoint's own head.")
+    return (f"Fastest measured: `{best['method']}` ({best['speedup']:.3f}x), ahead of the default `{own['method']}` "
+            f"({own['speedup']:.3f}x) beyond its 95% interval: pass `head_mode` accordingly.")
+
+
 def heads_table(results: dict) -> list[str]:
     meta = results["meta"]
     lines = [f"{meta['prompts']} held-out prompts (`data/tuning_prompts.jsonl`, {meta['prompt_format']}), greedy, "
@@ -57,7 +73,6 @@ def heads_table(results: dict) -> list[str]:
 
 def card(heads: dict, parity: dict, config: dict) -> str:
     rows = head_rows(heads)
-    best = fastest(rows)
     spec = config["speculators_config"]
     a, same = parity["accepted_per_step"], parity["identical"]
     n = parity["prompts"]
@@ -96,7 +111,12 @@ def card(heads: dict, parity: dict, config: dict) -> str:
         "",
         *heads_table(heads),
         "",
-        f"Fastest measured: `{best['method']}`.",
+        default_line(rows, "trained"),
+        "",
+        "speculators 0.9.0 keeps the head frozen in training (`speculators/model.py:71`, "
+        "`lm_head.weight.requires_grad = False`): its own head is the target's rows of the draft vocabulary as "
+        "loaded, saved in bf16, so `trained` and `static` draft alike; a trainer that trains the head (SpecForge, "
+        "the EAGLE authors' code) makes them differ.",
         "",
         "## Parity with vLLM",
         "",
