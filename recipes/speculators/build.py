@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 
 import torch
-from common import CORPUS, VERIFIER_DIR, WORK_DIR, read_corpus  # recipes/speculators/common.py
+from common import add_folder_arguments, read_corpus  # recipes/speculators/common.py
 from safetensors import safe_open
 
 
@@ -82,9 +82,7 @@ def describe(init_dir: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--verifier", type=Path, default=VERIFIER_DIR, help="plain HF folder (target_folder.py)")
-    parser.add_argument("--corpus", type=Path, default=CORPUS, help="corpus of token ids (default: %(default)s)")
-    parser.add_argument("--work-dir", type=Path, default=WORK_DIR, help="the recipe's work folder")
+    add_folder_arguments(parser)
     parser.add_argument("--draft-vocab-size", type=int, default=8192, help="draft vocabulary (default 8192)")
     parser.add_argument("--max-conversations", type=int, default=None, help="count only the first N conversations")
     parser.add_argument("--force", action="store_true", help="recount tokens and rebuild WORK/init")

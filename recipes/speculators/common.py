@@ -14,6 +14,7 @@ and torch, so it loads in both the project's venv and the speculators venv).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -34,6 +35,13 @@ def cache_dir() -> Path:
 
 VERIFIER_DIR = cache_dir() / "smollm2-135m-instruct-hf"
 WORK_DIR = cache_dir() / "speculators-eagle3-smollm2"
+
+
+def add_folder_arguments(parser: argparse.ArgumentParser) -> None:
+    """--verifier, --corpus and --work-dir, as every step of the recipe names them."""
+    parser.add_argument("--verifier", type=Path, default=VERIFIER_DIR, help="plain HF folder (target_folder.py)")
+    parser.add_argument("--corpus", type=Path, default=CORPUS, help="corpus of token ids (default: %(default)s)")
+    parser.add_argument("--work-dir", type=Path, default=WORK_DIR, help="the recipe's work folder")
 
 
 def read_corpus(folder: str | os.PathLike, limit: int | None = None) -> list[dict[str, torch.Tensor]]:

@@ -44,7 +44,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from common import CORPUS, VERIFIER_DIR, WORK_DIR, read_corpus  # recipes/speculators/common.py
+from common import add_folder_arguments, read_corpus  # recipes/speculators/common.py
 from speculators.models.eagle3 import Eagle3DraftModel, shift_batch
 from speculators.train.checkpointer import convert_float_dtype, patch_config_dtype
 from speculators.train.data import BaseDataset, CollateFn
@@ -130,9 +130,7 @@ def accuracies(metrics: dict[str, torch.Tensor], ttt_steps: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--verifier", type=Path, default=VERIFIER_DIR, help="plain HF folder (target_folder.py)")
-    parser.add_argument("--corpus", type=Path, default=CORPUS, help="corpus of token ids (default: %(default)s)")
-    parser.add_argument("--work-dir", type=Path, default=WORK_DIR, help="the recipe's work folder (build.py's)")
+    add_folder_arguments(parser)
     parser.add_argument("--max-steps", type=int, default=300, help="optimizer steps (default 300)")
     parser.add_argument("--total-seq-len", type=int, default=2048,
                         help="tokens per packed step (speculators' default is 8192; 2048 here for a CPU)")
