@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -35,6 +36,9 @@ from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig, SpeculativeSt
 from hf_dynaspec.bench import write_doc_block
 from hf_dynaspec.bench_prompts import load_bench_prompts
 from hf_dynaspec.machine import machine_description
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "serving"))  # vllm_bench.py (imports vLLM only to run it)
+from vllm_bench import formatted  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "data" / "tuning_prompts.jsonl"  # vllm_bench.py's default
@@ -50,14 +54,9 @@ def chain_config(max_new_tokens: int, head_mode: str, depth: int) -> DynaSpecGen
 
 
 def prompt_ids(tokenizer, text: str, prompt_format: str) -> torch.Tensor:
-    """(1, L) ids as vLLM's `LLM.generate` makes them from vllm_bench.py's formatted text (special tokens added by
-    the tokenizer as its default)."""
-    if prompt_format == "chat":
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
-    elif prompt_format == "qa":
-        text = f"Question: {text}\nAnswer:"
-    return tokenizer(text, return_tensors="pt").input_ids
+    """(1, L) ids as vLLM's `LLM.generate` makes them from the text vllm_bench.py gave it (`formatted`; special
+    tokens added by the tokenizer as its default)."""
+    return tokenizer(formatted(tokenizer, [text], prompt_format)[0], return_tensors="pt").input_ids
 
 
 @torch.no_grad()
