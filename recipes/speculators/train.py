@@ -191,9 +191,12 @@ def main() -> None:
     model.train()
     log = (train_dir / "log.jsonl").open("a")
     bar = tqdm(total=args.max_steps, initial=step, desc="train", unit="step")
+    batches: dict[int, list] = {}  # epoch -> its packed batches (the sampler packs a whole epoch at once)
     while step < args.max_steps:
         epoch, position = divmod(step, per_epoch)
-        indices = sampler._generate_batches(epoch)[position]  # noqa: SLF001
+        if epoch not in batches:
+            batches = {epoch: sampler._generate_batches(epoch)}  # noqa: SLF001
+        indices = batches[epoch][position]
         t0 = time.perf_counter()
         batch = collate([dataset[int(i)] for i in indices])
         tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
