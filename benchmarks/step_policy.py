@@ -101,7 +101,8 @@ def rerun(bench: Path, drafter_dir: str, slow: dict[str, list[str]], target_name
     run = json.loads((bench / "run.json").read_text())
     target, tokenizer = load_target(target_name)
     drafter = DynaSpecDrafter.from_pretrained(drafter_dir)
-    prompts = {row["question_id"]: row for row in load_bench_prompts()}
+    source = json.loads((bench / "results.json").read_text())["meta"].get("prompt_source", "Spec-Bench")
+    prompts = {row["question_id"]: row for row in load_bench_prompts(None if source == "Spec-Bench" else source)}
     for method, qid in tqdm(todo, desc="rerun", unit="prompt"):
         ids = encode_formatted(tokenizer, prompts[qid]["prompt"], run["prompt_format"])
         plain_s, method_s = [], []
@@ -131,9 +132,15 @@ def analyse(records: list[Record], reruns: dict[tuple[str, str], dict], meta: di
     return {"meta": meta, "methods": methods}
 
 
+def prompt_source(meta: dict) -> str:
+    """What the run's prompts were: Spec-Bench, or the file `hf-dynaspec bench --prompts` read (its stem)."""
+    source = meta.get("prompt_source", "Spec-Bench")
+    return source if source == "Spec-Bench" else f"`{Path(source).stem}`"
+
+
 def report(result: dict) -> str:
     meta = result["meta"]
-    lines = [f"# Per-prompt speedups and the step policy\n\n{meta['prompts']} Spec-Bench prompts, greedy, "
+    lines = [f"# Per-prompt speedups and the step policy\n\n{meta['prompts']} {prompt_source(meta)} prompts, greedy, "
              f"{meta['max_new_tokens']} new tokens, fp32, batch 1, on {meta['machine']}; `{meta['bench']}`.\n",
              f"A prompt below {SLOW}x is run again paired with plain ({ROUNDS} alternating rounds) before it counts.\n",
              "| method | pooled speedup | median / lowest per prompt | below 0.95x: first run / after rerun "
@@ -194,7 +201,9 @@ def main(argv: list[str] | None = None) -> dict:
     machines = sorted({r.machine for r in records if r.machine})
     meta = {"bench": str(args.bench), "prompts": len({r.question_id for r in records}),
             "max_new_tokens": json.loads((args.bench / "run.json").read_text())["max_new_tokens"],
-            "machine": "; ".join(machines)}
+            "machine": "; ".join(machines),
+            "prompt_source": json.loads((args.bench / "results.json").read_text())["meta"].get("prompt_source",
+                                                                                             "Spec-Bench")}
     result = analyse(records, read_reruns(args.bench / "reruns.jsonl"), meta)
     text = save_results(out, result, report)
     plot(result, out)

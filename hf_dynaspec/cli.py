@@ -521,7 +521,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                               prompt_format=args.prompt_format)
     meta = {"target": args.target, "drafter": args.drafter, "max_new_tokens": args.max_new_tokens,
             "threads": torch.get_num_threads(), "prompts": len(prompts), "repeats": args.repeats,
-            "prompt_format": args.prompt_format,
+            "prompt_source": args.prompts or "Spec-Bench", "prompt_format": args.prompt_format,
             "cpu_weight_layout": "re-laid (prepare_for_cpu)" if is_prepared_for_cpu(target) else "as loaded",
             "machine": machine_description()}
     if chosen := measured_walk_heads(target):  # what verify_head="auto" took here
