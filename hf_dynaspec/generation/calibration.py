@@ -28,7 +28,7 @@ from . import measured
 from .cache import KeyLayout, crop_cache
 from .policy import VerifyCosts, are_positive_costs, batch_bucket, lookup_tree
 from .verifier import Verifier
-from .walk_head import GREEDY_LAYOUTS, LAYOUTS, WalkHead, choose_walk_head, prefilter_blocker
+from .walk_head import HEADS, LAYOUTS, WalkHead, choose_walk_head, head_class
 
 CALIBRATION_CONTEXT = 128  # cached tokens under the timed forwards (the cost barely moves with context)
 CALIBRATION_REPEATS = 3  # median of this many timed forwards per size
@@ -93,7 +93,7 @@ def walk_head_seconds(target: torch.nn.Module, layouts: tuple[str, ...], max_row
     seconds = {}
     for layout in layouts:
         head = WalkHead.of(target, layout=layout)
-        apply = head.argmax if layout in GREEDY_LAYOUTS else head
+        apply = head.argmax if head.greedy_only else head  # its picks, or its logits
         apply(hidden)  # warm-up
         seconds[layout] = tuple(_median_seconds(lambda r=r, f=apply: f(hidden[:r]), repeats, target.device)
                                 for r in range(1, max_rows + 1))
@@ -112,12 +112,12 @@ def exact_walk_head(target: torch.nn.Module, seconds: dict[str, tuple[float, ...
     while True:
         layout, rows = choose_walk_head(seconds, walk, columns_margin)
         head = WalkHead.of(target, layout=layout)
-        if layout != "prefilter" or head.prefilter.error_over_bound(hidden) < PREFILTER_SAFETY:
+        if head.error_over_bound(hidden) < PREFILTER_SAFETY:
             return dataclasses.replace(head, rows=rows, seconds=seconds)
         if len(seconds) == 1:
-            raise ValueError("verify_head='prefilter': this machine's bf16 GEMM errs beyond the bound the "
+            raise ValueError(f"verify_head={layout!r}: this machine's bf16 GEMM errs beyond the bound the "
                              "prefilter's exactness rests on (not fp32 accumulation?). Use 'auto'.")
-        del seconds["prefilter"]  # not exact here: left out
+        del seconds[layout]  # not exact here: left out
 
 
 def measured_walk_heads(target: torch.nn.Module) -> list[str]:
@@ -158,7 +158,7 @@ def time_forward(
     trees = [lookup_tree(tokens[0], tokens[1:])] * batch  # a chain of n nodes per row
     verifier = Verifier(target, cache, KeyLayout.dense(batch, context, device), walk_head)
     walk_rows = verifier.walk_rows(trees)
-    greedy_rows = walk_head is not None and walk_head.layout in GREEDY_LAYOUTS
+    greedy_rows = walk_head is not None and walk_head.greedy_only
     picks_seconds = batch * greedy_pick_seconds(target, walk_head, len(walk_rows[0]), repeats) if greedy_rows else 0.0
 
     def forward() -> None:
@@ -296,14 +296,12 @@ def walk_head_for(target: torch.nn.Module, wanted: str, greedy_only: bool, hidde
             return None
         raise ValueError(f"verify_head={wanted!r} applies the LM head along the walk, for a CPU target whose model "
                          f"takes `logits_to_keep`; this one runs on {target.device.type!r}. Use 'auto' or 'full'.")
-    blocker = prefilter_blocker(target) if greedy_only else (
-        "it gives greedy picks only: do_sample=False with no logits processors (such as repetition_penalty) and "
-        "no output_scores / output_logits")
-    if wanted == "prefilter" and blocker is not None:
-        raise ValueError(f"verify_head='prefilter' cannot apply: {blocker}. Use 'auto' or another layout.")
     if wanted == "auto":
-        layouts = ("rows", "columns") + (("prefilter",) if blocker is None else ())
+        layouts = tuple(name for name, head in HEADS.items() if head.blocker(target, greedy_only) is None)
     else:
+        blocker = head_class(wanted).blocker(target, greedy_only)
+        if blocker is not None:
+            raise ValueError(f"verify_head={wanted!r} cannot apply: {blocker}. Use 'auto' or another layout.")
         layouts = (wanted,)
     walk_head = measure_walk_head(target, layouts=layouts)
     if walk_head.reproduces(hidden, raw):

@@ -84,15 +84,12 @@ class Verifier:
             known, picks = self.walk_head.walk(out, walk_rows[0])
             return [NodeLogits(hidden[0], self.walk_head, known, picks=picks)]
         gathered = torch.cat([hidden[b, rows] for b, rows in enumerate(walk_rows)])  # (sum r_b, d)
-        made = self.walk_head.apply(gathered)  # logits (sum r_b, V), or picks (sum r_b,) on the host
+        made = self.walk_head.apply(gathered)  # logits (sum r_b, V), or picks (sum r_b ids) in a greedy layout
         result, start = [], 0
         for b, rows in enumerate(walk_rows):
-            part = made[start : start + len(rows)]
+            known, picks = self.walk_head.split(rows, made[start : start + len(rows)])
             start += len(rows)
-            if isinstance(part, list):  # greedy picks
-                result.append(NodeLogits(hidden[b], self.walk_head, {}, picks=dict(zip(rows, part))))
-            else:
-                result.append(NodeLogits(hidden[b], self.walk_head, {r: part[i : i + 1] for i, r in enumerate(rows)}))
+            result.append(NodeLogits(hidden[b], self.walk_head, known, picks=picks))
         return result
 
     def walk_rows(self, trees: list[VerifyTree]) -> list[list[int]]:

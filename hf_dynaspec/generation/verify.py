@@ -26,7 +26,7 @@ import torch
 from transformers.generation.logits_process import LogitsProcessorList
 
 from .tree import VerifyTree
-from .walk_head import GREEDY_LAYOUTS, WalkHead
+from .walk_head import WalkHead
 
 
 @dataclass
@@ -67,7 +67,7 @@ class NodeLogits:
     def choice(self, node: int) -> int:
         """The target's greedy pick at `node` (argmax of its raw logits)."""
         if node not in self.picks:
-            if self.head is not None and self.head.layout in GREEDY_LAYOUTS:  # picks without logits
+            if self.head is not None and self.head.greedy_only:  # picks without logits
                 self.picks[node] = int(self.head.argmax(self.hidden[node : node + 1])[0])
             else:
                 self.picks[node] = int(self.row(node).argmax())

@@ -3,13 +3,15 @@
 On a CPU, verification computes target logits only along the walk (a few rows per step, `verify.NodeLogits`).
 With a large vocabulary those rows are a large share of a step (Gemma 3 270M: a 262,144 x 640 head, 168M of its
 268M parameters), and how fast a BLAS computes them depends on the machine, the row count and the weight's
-layout:
+layout. Each layout is a `WalkHead` (`LAYOUTS` names them, `WalkHead.of` makes one):
 
-- "rows":      logits = h @ W.T with W (V, d) as the model keeps it (the model's own `lm_head`);
-- "columns":   logits = h @ W_t with W_t = W.T made contiguous once (d, V): one extra copy of the head's weights;
-- "prefilter": greedy only (no sampling, logits processors or kept scores): no logits, only each row's argmax,
-               exact, from a bf16 copy of the head and an fp32 rescoring of the few tokens its error bound leaves
-               (`prefilter.py`): one extra half-size copy of the head's weights.
+- `RowsHead` ("rows"):           logits = h @ W.T with W (V, d) as the model keeps it (the model's own `lm_head`,
+                                 which computes the walk rows inside the verification pass);
+- `ColumnsHead` ("columns"):     logits = h @ W_t with W_t = W.T made contiguous once (d, V): one extra copy of the
+                                 head's weights;
+- `PrefilterHead` ("prefilter"): greedy only (no sampling, logits processors or kept scores): no logits, only each
+                                 row's argmax, exact, from a bf16 copy of the head and an fp32 rescoring of the few
+                                 tokens its error bound leaves (`prefilter.py`): one extra half-size copy.
 
 None wins everywhere (on one AMD EPYC the columns layout was faster for 1-3 rows and slower for 4-16), so
 `calibration.measure_walk_head` times those the call may use and keeps the layout and the number of rows r computed
@@ -22,93 +24,191 @@ past r are made one at a time when the walk reaches them).
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
 from ..head import LogitTransform
 from .prefilter import Prefilter, unsupported_reason
 
-LAYOUTS = ("rows", "columns", "prefilter")
-GREEDY_LAYOUTS = ("prefilter",)  # layouts that give each row's argmax only
+Made = torch.Tensor | list[int]  # what a head makes of r rows: their logits (r, V) fp32, or their picks (r ids)
 
 
 @dataclass(frozen=True)
-class WalkHead:
+class WalkHead(ABC):
     """The target's output embedding `head` (weight (V, d), optional bias) then its logit `transform`, applied
-    in one layout; `rows`: how many walk rows the verification pass computes at once; `weight_t` (d, V): the
-    contiguous transposed weight of the "columns" layout; `prefilter`: the bf16 copy of the "prefilter" layout
-    (neither: "rows"); `seconds`: the timings behind the choice, per layout, for 1..max rows (empty when not
-    measured)."""
+    in one layout (the subclass; `layout` its name); `rows`: how many walk rows the verification pass computes at
+    once; `seconds`: the timings behind the choice, per layout, for 1..max rows (empty when not measured).
+    `greedy_only`: the layout gives each row's greedy pick, not its logits."""
+
+    layout: ClassVar[str]
+    greedy_only: ClassVar[bool] = False
 
     head: torch.nn.Module
     transform: LogitTransform = LogitTransform()
     rows: int = 1
-    weight_t: torch.Tensor | None = None
-    prefilter: Prefilter | None = None
     seconds: dict[str, tuple[float, ...]] = field(default_factory=dict, compare=False)
 
-    @classmethod
-    def of(cls, target: torch.nn.Module, rows: int = 1, layout: str = "rows") -> WalkHead:
-        """The target's head in `layout` (the "columns" or "prefilter" copy is made here)."""
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
-        head, transform = target.get_output_embeddings(), LogitTransform.of(target.config)
-        if layout == "prefilter":
-            reason = prefilter_blocker(target)
-            if reason is not None:
-                raise ValueError(f"The prefilter head cannot give this target's greedy picks exactly: {reason}.")
-            return cls(head, transform, rows, prefilter=Prefilter.of(head.weight))
-        weight_t = head.weight.detach().t().contiguous() if layout == "columns" else None  # (d, V)
-        return cls(head, transform, rows, weight_t)
+    @staticmethod
+    def of(target: torch.nn.Module, rows: int = 1, layout: str = "rows") -> WalkHead:
+        """The target's head in `layout`, one of `LAYOUTS` (its copy of the weights made here)."""
+        return head_class(layout).made(target, rows)
 
-    @property
-    def layout(self) -> str:
-        return "prefilter" if self.prefilter is not None else "rows" if self.weight_t is None else "columns"
+    @classmethod
+    def made(cls, target: torch.nn.Module, rows: int = 1) -> WalkHead:
+        """The target's head in this layout."""
+        return cls(target.get_output_embeddings(), LogitTransform.of(target.config), rows)
+
+    @classmethod
+    def blocker(cls, target: torch.nn.Module, greedy_only: bool) -> str | None:
+        """Why this layout cannot verify `target` (None: it can); `greedy_only`: the call needs greedy picks only
+        (no sampling, logits processors or kept scores)."""
+        return None
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Raw target logits (r, V) fp32 from final (normed) hidden states (r, d)."""
-        if self.weight_t is None:
-            return self.transform(self.head(hidden).float())
-        logits = hidden @ self.weight_t  # (r, d) @ (d, V)
-        if getattr(self.head, "bias", None) is not None:
-            logits = logits + self.head.bias
-        return self.transform(logits.float())
+        """Raw target logits (r, V) fp32 from final (normed) hidden states (r, d): the model's own head."""
+        return self.transform(self.head(hidden).float())
 
     def logits_to_keep(self, rows: list[int], device: torch.device) -> torch.Tensor:
-        """What the verification pass asks the model for: the walk rows in the "rows" layout (the model's own head
-        computes them), none in the others (made here from the final hidden states)."""
-        return torch.tensor(rows if self.layout == "rows" else [], dtype=torch.long, device=device)
+        """What the verification pass asks the model for: no logits (the walk rows are made here from the final
+        hidden states)."""
+        return torch.tensor([], dtype=torch.long, device=device)
 
     def walk(self, out, rows: list[int]) -> tuple[dict[int, torch.Tensor], dict[int, int]]:
         """From the output of a verification pass asked with `logits_to_keep(rows)` (final hidden states kept):
-        the walk rows' raw logits, each (1, V) fp32 ("rows": the model's own head made them; "columns": made here),
-        or, in the "prefilter" layout, their greedy picks (token ids) instead."""
-        if self.prefilter is not None:
-            return {}, dict(zip(rows, self.argmax(out.hidden_states[-1][0, rows]).tolist()))
-        made = out.logits[0].float() if self.weight_t is None else self(out.hidden_states[-1][0, rows])  # (r, V)
-        return {node: made[i : i + 1] for i, node in enumerate(rows)}, {}
+        the walk rows' raw logits, each (1, V) fp32, and their greedy picks where the layout makes picks instead
+        (`split`)."""
+        return self.split(rows, self.apply(out.hidden_states[-1][0, rows]))  # (r, d) -> r rows
 
-    def apply(self, hidden: torch.Tensor) -> torch.Tensor | list[int]:
-        """Rows (r, d) -> their raw logits (r, V) fp32, or in the "prefilter" layout their greedy picks (a host
-        list of r token ids) instead."""
-        if self.prefilter is not None:
-            return self.prefilter.argmax(hidden).tolist()
-        return self(hidden)
+    @abstractmethod
+    def apply(self, hidden: torch.Tensor) -> Made:
+        """Rows (r, d) -> what the walk reads of them: their raw logits (r, V) fp32, or their greedy picks."""
 
+    @abstractmethod
+    def split(self, nodes: list[int], made: Made) -> tuple[dict[int, torch.Tensor], dict[int, int]]:
+        """`apply`'s output for the r tree `nodes` as (logits (1, V) per node, greedy pick per node)."""
+
+    @abstractmethod
     def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's greedy picks (r,) from final hidden states (r, d): exact in every layout."""
-        if self.prefilter is not None:
-            return self.prefilter.argmax(hidden)
-        return self(hidden).argmax(dim=-1)
 
     def reproduces(self, hidden: torch.Tensor, logits: torch.Tensor) -> bool:
         """Does this head, applied to final hidden states (1, d), give the target's logits (1, V)? False for
         targets that post-process logits in ways `LogitTransform` does not know: those verify with full logits."""
         with torch.no_grad():
             mine = self(hidden)  # (1, V)
-            same = mine.shape == logits.shape and torch.allclose(mine, logits.float(), rtol=1e-4, atol=1e-4)
-            return same and (self.prefilter is None or bool((self.argmax(hidden) == logits.argmax(dim=-1)).all()))
+            return mine.shape == logits.shape and torch.allclose(mine, logits.float(), rtol=1e-4, atol=1e-4)
+
+    def error_over_bound(self, hidden: torch.Tensor) -> float:
+        """The largest error of this layout's picks over the bound their exactness rests on, for hidden (n, d):
+        0 for the fp32 layouts (exact by construction)."""
+        return 0.0
+
+
+@dataclass(frozen=True)
+class LogitsHead(WalkHead, ABC):
+    """A layout that makes the walk rows' logits (the picks are their argmax)."""
+
+    def apply(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self(hidden)  # (r, V)
+
+    def split(self, nodes: list[int], made: torch.Tensor) -> tuple[dict[int, torch.Tensor], dict[int, int]]:
+        return {node: made[i : i + 1] for i, node in enumerate(nodes)}, {}
+
+    def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self(hidden).argmax(dim=-1)
+
+
+@dataclass(frozen=True)
+class RowsHead(LogitsHead):
+    """logits = h @ W.T, W (V, d) as the model keeps it: the model's own head computes the walk rows in the
+    verification pass (`logits_to_keep`), and any other row the walk reaches."""
+
+    layout: ClassVar[str] = "rows"
+
+    def logits_to_keep(self, rows: list[int], device: torch.device) -> torch.Tensor:
+        """The walk rows: the model's own head computes them in the verification pass."""
+        return torch.tensor(rows, dtype=torch.long, device=device)
+
+    def walk(self, out, rows: list[int]) -> tuple[dict[int, torch.Tensor], dict[int, int]]:
+        return self.split(rows, out.logits[0].float())  # (r, V) the rows the pass kept
+
+
+@dataclass(frozen=True)
+class ColumnsHead(LogitsHead):
+    """logits = h @ W_t (+ bias), W_t = W.T (d, V) made contiguous once (`weight_t`)."""
+
+    layout: ClassVar[str] = "columns"
+
+    weight_t: torch.Tensor = field(kw_only=True)  # (d, V)
+
+    @classmethod
+    def made(cls, target: torch.nn.Module, rows: int = 1) -> ColumnsHead:
+        head = target.get_output_embeddings()
+        return cls(head, LogitTransform.of(target.config), rows, weight_t=head.weight.detach().t().contiguous())
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = hidden @ self.weight_t  # (r, d) @ (d, V)
+        if getattr(self.head, "bias", None) is not None:
+            logits = logits + self.head.bias
+        return self.transform(logits.float())
+
+
+@dataclass(frozen=True)
+class PrefilterHead(WalkHead):
+    """Greedy picks without logits: each row's exact fp32 argmax from the bf16 copy `prefilter` of the head and
+    an fp32 rescoring of the few tokens its error bound leaves (`prefilter.Prefilter`). Its logits (`__call__`,
+    for `reproduces` only) are the model's own head's."""
+
+    layout: ClassVar[str] = "prefilter"
+    greedy_only: ClassVar[bool] = True
+
+    prefilter: Prefilter = field(kw_only=True)
+
+    @classmethod
+    def made(cls, target: torch.nn.Module, rows: int = 1) -> PrefilterHead:
+        reason = prefilter_blocker(target)
+        if reason is not None:
+            raise ValueError(f"The prefilter head cannot give this target's greedy picks exactly: {reason}.")
+        head = target.get_output_embeddings()
+        return cls(head, LogitTransform.of(target.config), rows, prefilter=Prefilter.of(head.weight))
+
+    @classmethod
+    def blocker(cls, target: torch.nn.Module, greedy_only: bool) -> str | None:
+        if not greedy_only:
+            return ("it gives greedy picks only: do_sample=False with no logits processors (such as "
+                    "repetition_penalty) and no output_scores / output_logits")
+        return prefilter_blocker(target)
+
+    def apply(self, hidden: torch.Tensor) -> list[int]:
+        return self.prefilter.argmax(hidden).tolist()  # r ids on the host
+
+    def split(self, nodes: list[int], made: list[int]) -> tuple[dict[int, torch.Tensor], dict[int, int]]:
+        return {}, dict(zip(nodes, made))
+
+    def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.prefilter.argmax(hidden)  # (r,)
+
+    def reproduces(self, hidden: torch.Tensor, logits: torch.Tensor) -> bool:
+        """The model's head gives the target's logits, and the prefilter their argmax."""
+        with torch.no_grad():
+            return super().reproduces(hidden, logits) and bool((self.argmax(hidden) == logits.argmax(dim=-1)).all())
+
+    def error_over_bound(self, hidden: torch.Tensor) -> float:
+        return self.prefilter.error_over_bound(hidden)
+
+
+HEADS: dict[str, type[WalkHead]] = {head.layout: head for head in (RowsHead, ColumnsHead, PrefilterHead)}
+LAYOUTS = tuple(HEADS)  # ("rows", "columns", "prefilter")
+
+
+def head_class(layout: str) -> type[WalkHead]:
+    """The `WalkHead` of the layout named `layout`."""
+    if layout not in HEADS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
+    return HEADS[layout]
 
 
 def prefilter_blocker(target: torch.nn.Module) -> str | None:
