@@ -101,7 +101,7 @@ def rerun(bench: Path, drafter_dir: str, slow: dict[str, list[str]], target_name
     run = json.loads((bench / "run.json").read_text())
     target, tokenizer = load_target(target_name)
     drafter = DynaSpecDrafter.from_pretrained(drafter_dir)
-    source = json.loads((bench / "results.json").read_text())["meta"].get("prompt_source", "Spec-Bench")
+    source = bench_prompt_source(bench)
     prompts = {row["question_id"]: row for row in load_bench_prompts(None if source == "Spec-Bench" else source)}
     for method, qid in tqdm(todo, desc="rerun", unit="prompt"):
         ids = encode_formatted(tokenizer, prompts[qid]["prompt"], run["prompt_format"])
@@ -130,6 +130,14 @@ def analyse(records: list[Record], reruns: dict[tuple[str, str], dict], meta: di
             "per_prompt": by_prompt, "prediction": prediction(records, method), **step_mix(records, method),
         }
     return {"meta": meta, "methods": methods}
+
+
+def bench_prompt_source(bench: Path) -> str:
+    """The prompts an `hf-dynaspec bench` folder ran: its results.json's `prompt_source` (the --prompts file), else
+    Spec-Bench (runs before that field, or no results.json yet)."""
+    path = bench / "results.json"
+    meta = json.loads(path.read_text())["meta"] if path.is_file() else {}
+    return meta.get("prompt_source", "Spec-Bench")
 
 
 def prompt_source(meta: dict) -> str:
@@ -202,8 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
     meta = {"bench": str(args.bench), "prompts": len({r.question_id for r in records}),
             "max_new_tokens": json.loads((args.bench / "run.json").read_text())["max_new_tokens"],
             "machine": "; ".join(machines),
-            "prompt_source": json.loads((args.bench / "results.json").read_text())["meta"].get("prompt_source",
-                                                                                             "Spec-Bench")}
+            "prompt_source": bench_prompt_source(args.bench)}
     result = analyse(records, read_reruns(args.bench / "reruns.jsonl"), meta)
     text = save_results(out, result, report)
     plot(result, out)

@@ -112,7 +112,8 @@ class DynaSpecGenerationConfig(GenerationConfig):
             compiled steps) or "auto" ("lanes" on CUDA, "union" elsewhere). Same drafts either way.
         tree_growth (`str`): where the "eagle2" and "chain" trees grow: "host" (each expansion's proposals read
             on the host to pick the next: one host read per draft depth), "device" (fixed-shape tensor ops, the
-            tree read once; `generation.fixed_tree`) or "auto" ("device" on CUDA, "host" elsewhere). Same trees.
+            tree read once; `generation.tree`, a pool without host columns) or "auto" ("device" on CUDA, "host"
+            elsewhere). Same trees.
             "dyspec" trees always grow on the host.
         draft_graphs (`str`): run each draft step of device-grown trees as a captured CUDA graph, one per step
             shape (`generation.graphs`; a capture that fails runs eagerly, with the reason logged): "on", "off"

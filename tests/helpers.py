@@ -26,7 +26,7 @@ import hf_dynaspec  # noqa: F401  (installs the generate() hook)
 from hf_dynaspec import DynaSpecConfig, DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.generation import decoding, verifier
 from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
-from hf_dynaspec.generation.tree import DraftTree, Expand, Proposals, VerifyTree, grow_tree
+from hf_dynaspec.generation.tree import Expand, Proposals, TreePool, VerifyTree, grow_tree, new_pool
 from hf_dynaspec.generation.verify import WalkResult
 from hf_dynaspec.generation_config import DraftSettings, resolve_draft_settings
 from hf_dynaspec.targets import smollm2_gguf_dir
@@ -86,13 +86,14 @@ class OracleCandidateGenerator(DynaSpecCandidateGenerator):
     """Drafts the target's own greedy continuation first (log q = 0), then decoys (log q = -5, -6, ...).
     Use it by patching `decoding.DynaSpecCandidateGenerator`."""
 
-    def proposers(self, input_ids: torch.LongTensor, pool: DraftTree) -> tuple[Proposals, Expand]:
+    def proposers(self, input_ids: torch.LongTensor, pool: TreePool) -> tuple[Proposals, Expand]:
         target, k = self.drafter.bound_target, self.settings.draft_top_k
 
         def expand(nodes: list[int]) -> Proposals:
             tokens, logq = [], []
             for node in nodes:
-                path = [pool.tokens[n] for n in reversed(pool.ancestors(node))] + ([pool.tokens[node]] if node else [])
+                tokens_ = pool.host.tokens
+                path = [tokens_[n] for n in reversed(pool.ancestors(node))] + ([tokens_[node]] if node else [])
                 ids = torch.cat([input_ids, torch.tensor([path], dtype=torch.long)], dim=-1)
                 with torch.no_grad():
                     best = int(target(ids).logits[0, -1].argmax())
@@ -236,7 +237,7 @@ def random_trees(draw: st.DrawFn) -> tuple[VerifyTree, DraftSettings, int]:
     max_depth = draw(st.integers(0, 10))
     expand = random_expand(draw(st.integers(0, 2**31)), 40, settings_.draft_top_k, draw(st.sampled_from([0, 0.3])))
     lookup = draw(st.lists(st.integers(0, 39), max_size=6))
-    pool = DraftTree(root_token=draw(st.integers(0, 39)))
+    pool = new_pool(draw(st.integers(0, 39)), settings_)
     tree = grow_tree(pool, expand([0]), expand, settings_, max_depth, lookup)
     assert int(tree.grafted.sum()) <= min(len(lookup), max_depth)
     assert lookup_on_a_path(tree, lookup[:max_depth])

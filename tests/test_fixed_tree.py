@@ -1,5 +1,5 @@
-"""EAGLE-2 growth in fixed-shape tensor ops (generation/fixed_tree.py): the same trees as the host grower, no host
-read until the tree is read once, and greedy speculative output equal to greedy.
+"""EAGLE-2 growth on the device (generation/tree.py on a pool without host columns: fixed-shape tensor ops): the same
+trees as on the host, no host read until the tree is read once, and greedy speculative output equal to greedy.
 
     python -m pytest tests/test_fixed_tree.py -q
 """
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import greedy, prompt, speculative, tiny_drafter, tiny_target
+from helpers import draft_settings, greedy, prompt, speculative, tiny_drafter, tiny_target
 
 from hf_dynaspec.generation.cache import crop_cache
 from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
-from hf_dynaspec.generation.fixed_tree import FixedPool, capacity, grow_eagle2_fixed, select_nodes
 from hf_dynaspec.generation.syncs import HostSyncCounter
+from hf_dynaspec.generation.tree import TreePool, drive, growing, select_nodes
 from hf_dynaspec.generation_config import resolve_draft_settings
 
 
@@ -85,18 +85,25 @@ def test_device_growth_reads_the_tree_once():
 
 
 def test_selection_keeps_ancestors_and_the_best_scores():
-    pool = FixedPool.empty(torch.tensor(7), capacity(2, 2))
+    pool = TreePool.empty(torch.tensor(7), 7, on_host=False)
     root_children = (torch.tensor([[10, 11]]), torch.log(torch.tensor([[0.6, 0.4]])))
     layer = pool.add_layer(torch.zeros(1, dtype=torch.long), *root_children, float("-inf"))
     pool.add_layer(layer, torch.tensor([[20, 21], [22, 23]]), torch.log(torch.tensor([[0.9, 0.1], [1.0, 0.0]])),
                    float("-inf"))
-    keep = select_nodes(pool, 3, 2)
+    keep = select_nodes(pool, 3)
     chosen = {int(t) for t in pool.tokens[keep]}
     assert chosen == {7, 10, 20, 11}  # 10 (0.6), 20 (0.54), 11 (0.4) then 22 (0.4: the tie goes to the shallower)
-    pool, keep = grow_eagle2_fixed(torch.tensor(7), root_children, lambda p, f, d: (
-        torch.tensor([[20, 21], [22, 23]])[: f.numel()], torch.log(torch.tensor([[0.9, 0.1], [1.0, 0.0]]))), 2, 2, 4,
-        min_draft_prob=0.3)
-    assert {int(t) for t in pool.tokens[keep]} == {7, 10, 20, 11, 22}  # 21 (0.06) is under the floor
+
+
+@pytest.mark.parametrize("on_host", [True, False])
+def test_the_floor_kills_a_node_on_host_and_device_alike(on_host):
+    settings = draft_settings("eagle2", 4, 2, 2, min_prob=0.3)
+    pool = TreePool.empty(7 if on_host else torch.tensor(7), 7, on_host=on_host)
+    root_children = (torch.tensor([[10, 11]]), torch.log(torch.tensor([[0.6, 0.4]])))
+    proposals = (torch.tensor([[20, 21], [22, 23]]), torch.log(torch.tensor([[0.9, 0.1], [1.0, 0.0]])))
+    tree = drive(growing(pool, root_children, settings),
+                 lambda frontier, depth: (proposals[0][: len(frontier)], proposals[1][: len(frontier)]))
+    assert set(tree.token_list) == {7, 10, 20, 11, 22}  # 21 (0.06) is under the floor, 23 impossible
 
 
 @pytest.mark.parametrize("growth, layout", [("host", "lanes"), ("device", "union"), ("device", "lanes")])
@@ -121,7 +128,7 @@ def test_one_draft_step_reads_nothing_and_compiles_whole(mode):
     generator, ids = generator_after_prompt(target, drafter, lookup_num_tokens=0, tree_growth="device",
                                             shortlist_layout="lanes", head_mode=mode, num_draft_nodes=20,
                                             draft_depth=4, draft_top_k=3)
-    pool = FixedPool.empty(ids[0, -1], capacity(3, 4))
+    pool = TreePool.empty(ids[0, -1], 1 + 3 + 3 * 9, on_host=False)
     layer = pool.add_layer(torch.zeros(1, dtype=torch.long), *generator.root.children, float("-inf"))
     expand = generator.fixed_expander()
     with HostSyncCounter() as counter:

@@ -8,7 +8,7 @@ from helpers import prompt
 
 from hf_dynaspec import DynaSpecConfig, DynaSpecGenerationConfig
 from hf_dynaspec.generation.lookup import find_continuation
-from hf_dynaspec.generation.tree import DraftTree, grow_tree
+from hf_dynaspec.generation.tree import grow_tree, new_pool
 from hf_dynaspec.generation_config import DEFAULT_SETTINGS, DraftSettings, resolve_draft_settings
 
 
@@ -46,7 +46,8 @@ def fixed_expand(token: int):
 
 def grow_chain(depth: int, max_depth: int, lookup: list[int]):
     expand = fixed_expand(7)
-    return grow_tree(DraftTree(root_token=0), expand([0]), expand, chain_settings(depth), max_depth, lookup)
+    settings = chain_settings(depth)
+    return grow_tree(new_pool(0, settings), expand([0]), expand, settings, max_depth, lookup)
 
 
 def test_graft_shares_the_drafted_prefix_and_branches_where_it_differs():

@@ -28,19 +28,19 @@ from hf_dynaspec.generation.policy import (
     trim,
     trim_trees,
 )
-from hf_dynaspec.generation.tree import DraftTree, compact, graft_chain, subtree
+from hf_dynaspec.generation.tree import TreePool, compact, graft, subtree
 
 
 def small_tree():
     """root -> a (q 0.6) -> c (q 0.4 given a); root -> b (q 0.3); lookup chain root -> b -> d.
 
     Verification order (by depth, then q(path)): [root, a, b, d, c]."""
-    pool = DraftTree(root_token=0)
+    pool = TreePool.empty(0, 8)
     a = pool.add(10, 0, math.log(0.6))
     b = pool.add(11, 0, math.log(0.3))
-    c = pool.add(12, a, pool.log_q[a] + math.log(0.4))
-    selected = graft_chain(pool, [0, a, b, c], [11, 13])  # shares b, grafts d under it
-    return compact(pool, selected)
+    c = pool.add(12, a, pool.host.scores[a] + math.log(0.4))
+    keep = pool.mask([0, a, b, c])
+    return compact(pool, keep, graft(pool, keep, [11, 13]))  # shares b, grafts d under it
 
 
 def test_verify_costs_extrapolate_by_the_last_step_and_refuse_nonsense():
@@ -109,11 +109,11 @@ def test_trim_keeps_the_best_rate_and_predicts_its_accepted_length(costs, kept, 
 
 def drafted_once(policy: StepPolicy, depth: int = 3) -> None:
     """Record one drafted step (a chain of `depth` drafts, the first accepted) so the policy has costs."""
-    pool = DraftTree(root_token=0)
+    pool = TreePool.empty(0, depth + 1)
     node = 0
     for d in range(depth):
-        node = pool.add(20 + d, node, pool.log_q[node] + math.log(0.5))
-    tree = compact(pool, list(range(depth + 1)))
+        node = pool.add(20 + d, node, pool.host.scores[node] + math.log(0.5))
+    tree = compact(pool, pool.mask(range(depth + 1)))
     plan = Plan("draft", depth, root_mass=0.5, probe=True)
     policy.record(plan, tree, [0, 1], {"verify": 0.01, "catch_up": 0.001, "draft": 0.001 * (depth - 1)})
 

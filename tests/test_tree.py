@@ -15,13 +15,15 @@ from helpers import draft_settings, random_trees
 from hypothesis import given, settings
 
 from hf_dynaspec.generation.tree import (
-    DraftTree,
+    TreePool,
     VerifyTree,
+    chain_tree,
     close_under_ancestors,
     compact,
     depth_limits,
-    graft_chain,
+    graft,
     grow_tree,
+    new_pool,
     subtree,
 )
 from hf_dynaspec.generation_config import DraftSettings
@@ -32,11 +34,12 @@ LOG = math.log
 def small_tree() -> VerifyTree:
     """root -> a (q 0.6) -> c (q 0.4 given a); root -> b (q 0.3); lookup chain root -> b -> d.
     Verification order (by depth, then q(path)): [root, a, b, d, c]."""
-    pool = DraftTree(root_token=0)
+    pool = TreePool.empty(0, 8)
     a = pool.add(10, 0, LOG(0.6))
     b = pool.add(11, 0, LOG(0.3))
-    c = pool.add(12, a, pool.log_q[a] + LOG(0.4))
-    return compact(pool, graft_chain(pool, [0, a, b, c], [11, 13]))  # shares b, grafts d under it
+    c = pool.add(12, a, pool.host.scores[a] + LOG(0.4))
+    keep = pool.mask([0, a, b, c])
+    return compact(pool, keep, graft(pool, keep, [11, 13]))  # shares b, grafts d under it
 
 
 def test_compact_orders_by_depth_then_probability():
@@ -86,7 +89,8 @@ def counting_expand(calls: list[list[int]]):
 def test_root_children_come_from_the_caller_and_the_root_is_never_expanded(policy):
     calls: list[list[int]] = []
     root_children = (torch.tensor([[7, 8]]), torch.tensor([[LOG(0.9), LOG(0.05)]]))
-    tree = grow_tree(DraftTree(root_token=1), root_children, counting_expand(calls), draft_settings(policy, 4, 3, 2))
+    settings_ = draft_settings(policy, 4, 3, 2)
+    tree = grow_tree(new_pool(1, settings_), root_children, counting_expand(calls), settings_)
     assert all(0 not in nodes for nodes in calls)
     assert tree.tokens[tree.children[0]].tolist()[0] == 7  # the given best child first
     assert tree.num_nodes <= 5 and int(tree.depths.max()) <= 3
@@ -95,16 +99,38 @@ def test_root_children_come_from_the_caller_and_the_root_is_never_expanded(polic
 def test_depth_zero_keeps_the_root_alone():
     calls: list[list[int]] = []
     root_children = (torch.tensor([[7]]), torch.tensor([[0.0]]))
-    tree = grow_tree(DraftTree(root_token=1), root_children, counting_expand(calls), draft_settings("eagle2", 4, 3, 1),
-                     max_depth=0, lookup=[5, 6])
+    settings_ = draft_settings("eagle2", 4, 3, 1)
+    tree = grow_tree(new_pool(1, settings_), root_children, counting_expand(calls), settings_, max_depth=0, lookup=[5, 6])
     assert tree.tokens.tolist() == [1] and calls == []
 
 
 def test_graft_reuses_a_drafted_path():
-    pool = DraftTree(root_token=0)
+    pool = TreePool.empty(0, 4)
     a = pool.add(10, 0, LOG(0.5))
-    selected = graft_chain(pool, [0, a], [10, 11])
-    assert selected == [0, a, 2] and pool.grafted == {2} and pool.parents[2] == a
+    keep = pool.mask([0, a])
+    grafted = graft(pool, keep, [10, 11])
+    # every chain token takes a slot (fixed shapes); 10 matched a, so its slot stays unkept
+    assert keep.tolist() == [True, True, False, True] and grafted.tolist() == [False, False, False, True]
+    assert int(pool.parents[3]) == a and float(pool.scores[3]) == LOG(0.5)  # q(path) of its parent
+
+
+def test_chain_tree_is_the_graft_of_a_chain_on_the_root_alone():
+    pool = TreePool.empty(4, 4)
+    keep = pool.mask([0])
+    grafted = compact(pool, keep, graft(pool, keep, [7, 8, 7]))
+    chain = chain_tree(4, [7, 8, 7])
+    for column in ("token_list", "parent_list", "depth_list", "log_q_list", "grafted_list"):
+        assert getattr(chain, column) == getattr(grafted, column)
+    assert torch.equal(chain.ancestor, grafted.ancestor)
+
+
+def test_a_full_pool_refuses_more_nodes():
+    pool = TreePool.empty(0, 3)
+    pool.add_layer([0], torch.tensor([[5, 6]]), torch.tensor([[LOG(0.5), LOG(0.4)]]), float("-inf"))
+    with pytest.raises(ValueError, match="cannot take"):
+        pool.add_layer([1], torch.tensor([[7]]), torch.tensor([[0.0]]), float("-inf"))
+    with pytest.raises(ValueError, match="cannot graft"):
+        graft(pool, pool.mask([0]), [9])
 
 
 @settings(max_examples=300, deadline=None)

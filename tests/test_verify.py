@@ -9,7 +9,7 @@ from transformers import DynamicCache, Gemma2Config, Gemma2ForCausalLM
 
 from hf_dynaspec import DynaSpecGenerationConfig
 from hf_dynaspec.generation import calibration, verifier, verify
-from hf_dynaspec.generation.tree import DraftTree, compact
+from hf_dynaspec.generation.tree import TreePool, compact
 from hf_dynaspec.generation.walk_head import WalkHead, choose_walk_head, walk_cost
 
 
@@ -75,12 +75,12 @@ def test_both_logit_paths_are_exact(target, drafter, walk_logits, layout, monkey
 def test_walk_rows_match_the_full_logits(target, layout):
     """The rows verify_forward computes for the likeliest walk, and those made on demand (in either weight
     layout), equal the rows of a forward with every logit (same tree, same cache)."""
-    pool = DraftTree(root_token=3)
+    pool = TreePool.empty(3, 5)
     a = pool.add(5, 0, -0.1)
     pool.add(6, 0, -0.5)
     b = pool.add(7, a, -0.3)
     pool.add(8, b, -0.4)
-    tree = compact(pool, list(range(5)))
+    tree = compact(pool, pool.mask(range(5)))
     assert verify.likely_walk(tree, 3) == [0, 1, 3]
     rows = {}
     for walk_logits in (True, False):

@@ -25,6 +25,7 @@ are appended to the cache while drafting and cropped away afterwards.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,11 +39,21 @@ from ..head import CONTEXT_MODES, ContextColumns, HeadOutput
 from ..masks import additive_mask, causal_mask
 from . import graphs as step_graphs
 from .cache import crop_cache
-from .fixed_tree import Expand as FixedExpand
-from .fixed_tree import FixedPool, capacity, graft_fixed, grow_eagle2_fixed, read_tree
 from .lookup import find_continuation
 from .stats import SpeculativeStats
-from .tree import DraftTree, Expand, Proposals, VerifyTree, compact, depth_limits, grow_tree
+from .tree import (
+    Expand,
+    Proposals,
+    TreePool,
+    VerifyTree,
+    depth_limits,
+    drive,
+    grow_tree,
+    growing,
+    growth_capacity,
+    new_pool,
+    pool_capacity,
+)
 from .verify import WalkResult
 
 if TYPE_CHECKING:
@@ -129,7 +140,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         """A drafter cache of fixed size: every committed position (`max_length`) plus one tree's expansions."""
         if max_length is None:
             raise ValueError("Draft-step graphs need the generation's max_length to size the drafter cache.")
-        return Cache(layers=[StaticLayer(max_length + capacity(settings.draft_top_k, settings.draft_depth))])
+        return Cache(layers=[StaticLayer(max_length + growth_capacity(settings))])
 
     def _static_layer(self) -> StaticLayer | None:
         """The drafter cache's layer when the cache is static (draft-step graphs), else None."""
@@ -198,7 +209,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             if self.settings.tree_growth == "device" and self.settings.tree_policy != "dyspec":
                 tree = self._draft_fixed(input_ids[0, -1], committed, max_depth, depth)
             else:
-                pool = DraftTree(root_token=committed[-1])
+                pool = new_pool(committed[-1], self.settings, self.device)
                 root_children, expand = self.proposers(input_ids, pool)
                 tree = grow_tree(pool, root_children, expand, self.settings, max_depth, self.lookup(committed),
                                  depth)
@@ -249,16 +260,17 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             return None
         return self.root.children[1][0].exp().tolist()
 
-    def proposers(self, input_ids: torch.LongTensor, pool: DraftTree) -> tuple[Proposals, Expand]:
+    def proposers(self, input_ids: torch.LongTensor, pool: TreePool) -> tuple[Proposals, Expand]:
         """The root's children and the expand function of one tree (its drafting state lives in the closure)."""
         features = {0: self.root.feature}  # pool node -> what its children read (d,)
         slots: dict[int, int] = {}  # pool node -> drafter cache index
 
         def expand(nodes: list[int]) -> Proposals:
             """Top-k children of each pool node: tokens (F, k), log q (F, k)."""
-            tokens = torch.tensor([pool.tokens[n] for n in nodes], device=self.device)  # (F,)
-            parents = torch.stack([features[pool.parents[n]] for n in nodes])  # (F, d)
-            depths = [pool.depths[n] for n in nodes]
+            host = pool.host  # the nodes' columns on the host
+            tokens = torch.tensor([host.tokens[n] for n in nodes], device=self.device)  # (F,)
+            parents = torch.stack([features[host.parents[n]] for n in nodes])  # (F, d)
+            depths = [host.depths[n] for n in nodes]
             positions = torch.tensor([self.committed - 1 + d for d in depths], device=self.device)  # (F,)
             out = self.drafter(
                 input_ids=tokens[None],
@@ -279,28 +291,22 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
 
     def _draft_fixed(self, root: torch.Tensor, committed: list[int], max_depth: int | None,
                      depth_limit: int | None = None) -> VerifyTree:
-        """An EAGLE-2 tree grown and grafted with the lookup branch in fixed-shape tensor ops (`fixed_tree`),
-        read on the host once; no drafter node deeper than `depth_limit` (None: no further limit)."""
-        settings = self.settings
-        depth, lookup_length = depth_limits(settings, max_depth)
-        depth = depth if depth_limit is None else min(depth, depth_limit)
-        if depth < 1:
-            return compact(DraftTree(root_token=committed[-1]), [0])
-        lookup = self.lookup(committed)[:lookup_length]  # host tokens: the graft reads nothing
-        pool, selected = grow_eagle2_fixed(root, self.root.children, self.fixed_expander(), settings.draft_top_k,
-                                           depth, settings.num_draft_nodes, settings.min_draft_prob, len(lookup))
-        grafted = graft_fixed(pool, selected, torch.tensor(lookup, dtype=torch.long, device=self.device))
-        tree, nodes = read_tree(pool, selected, committed[-1], grafted)
-        return compact(tree, nodes)
+        """An EAGLE-2 tree grown and grafted with the lookup branch on the device (`tree.growing` on a pool without
+        host columns: fixed-shape tensor ops), read on the host once; no drafter node deeper than `depth_limit`
+        (None: no further limit)."""
+        pool = TreePool.empty(root, pool_capacity(self.settings), on_host=False)
+        expand = self.fixed_expander()
+        growth = growing(pool, self.root.children, self.settings, max_depth, self.lookup(committed), depth_limit)
+        return drive(growth, lambda frontier, depth: expand(pool, frontier, depth))
 
-    def fixed_expander(self) -> FixedExpand:
-        """The drafter's side of `grow_eagle2_fixed`: expand a frontier of pool nodes at one depth, all on the
+    def fixed_expander(self) -> Callable[[TreePool, torch.Tensor, int], Proposals]:
+        """The drafter's side of growth on the device: expand a frontier of pool nodes at one depth, all on the
         device. Expanded nodes take the next drafter-cache slots; their features, row 1 + slot of a table whose
         row 0 is the root's, are what their children read."""
         features = [self.root.feature[None]]  # (1, d), then (F, d) per expansion
         known = 0  # drafter-cache slots used by this tree (a host count)
 
-        def expand(pool: FixedPool, frontier: torch.Tensor, depth: int) -> Proposals:
+        def expand(pool: TreePool, frontier: torch.Tensor, depth: int) -> Proposals:
             nonlocal known
             width, device = frontier.numel(), self.device
             parents = torch.cat(features)[pool.slots[pool.parents[frontier]] + 1]  # (F, d): the root is row 0
@@ -347,7 +353,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             (tokens.numel(), budget), flat, (tokens, parents, positions, mask), state=(pointer,))
         return feature, HeadOutput(ids, logits, sizes), (children, log_q)
 
-    def _fixed_mask(self, pool: FixedPool, frontier: torch.Tensor, depth: int, known: int) -> torch.Tensor:
+    def _fixed_mask(self, pool: TreePool, frontier: torch.Tensor, depth: int, known: int) -> torch.Tensor:
         """(1, 1, F, cache + F) for frontier nodes at `depth` (a static cache: its whole size): the committed
         prefix, the slots of their depth - 1 drafted ancestors (every ancestor below the root was expanded),
         themselves. Built on the device."""
@@ -366,7 +372,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             ancestor = pool.parents[ancestor].clamp(min=0)
         return additive_mask(allowed[:, :-1], self.drafter.dtype)
 
-    def _tree_mask(self, pool: DraftTree, slots: dict[int, int], nodes: list[int]) -> torch.Tensor:
+    def _tree_mask(self, pool: TreePool, slots: dict[int, int], nodes: list[int]) -> torch.Tensor:
         """(1, 1, F, cache + F): committed prefix, the node's drafted ancestors, itself."""
         known = len(slots)
         allowed = torch.zeros(len(nodes), self.committed + known + len(nodes), dtype=torch.bool)

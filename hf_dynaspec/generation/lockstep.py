@@ -34,7 +34,7 @@ from ..head import CONTEXT_MODES, HeadOutput
 from ..masks import additive_mask
 from .cache import crop_cache
 from .candidates import DynaSpecCandidateGenerator, RootProposal
-from .tree import DraftTree, Proposals, VerifyTree, grow_together, growing
+from .tree import Proposals, TreePool, VerifyTree, grow_together, growing, new_pool
 
 
 def drafts_together(settings: DraftSettings) -> bool:
@@ -50,7 +50,8 @@ def draft_together(generators: Sequence[DynaSpecCandidateGenerator], committed: 
     on the host, root last. The generators read their pending accepted paths first (`catch_up_together`)."""
     catch_up_together(generators)
     lengths = [generator.committed for generator in generators]
-    pools = [DraftTree(root_token=tokens[-1]) for tokens in committed]
+    pools = [new_pool(tokens[-1], generator.settings, generator.device)
+             for tokens, generator in zip(committed, generators)]
     growths = [growing(pool, generator.root.children, generator.settings, max_depth, generator.lookup(tokens), depth)
                for pool, generator, tokens, max_depth, depth in zip(pools, generators, committed, max_depths, depths)]
     expand = LockstepExpand(generators, pools, stack_caches([g.cache for g in generators], lengths), lengths)
@@ -126,7 +127,7 @@ class LockstepExpand:
     (what their children read) and cache columns are kept per row; round t's nodes take columns
     K + F_1 + ... + F_(t-1) + i of the stacked cache."""
 
-    def __init__(self, generators: Sequence[DynaSpecCandidateGenerator], pools: Sequence[DraftTree],
+    def __init__(self, generators: Sequence[DynaSpecCandidateGenerator], pools: Sequence[TreePool],
                  cache: DynamicCache, lengths: Sequence[int]) -> None:
         self.generators, self.pools, self.cache, self.lengths = generators, pools, cache, list(lengths)
         self.features = [{0: generator.root.feature} for generator in generators]  # per row: node -> (d,)
@@ -147,7 +148,7 @@ class LockstepExpand:
             self.slots[row][node] = self.columns + i
             self.features[row][node] = out.next_hidden_states[row, i]
         self.columns += width
-        budget = [drafter.config.clusters_at_depth(self.pools[row].depths[frontiers[row][i]], settings.draft_depth,
+        budget = [drafter.config.clusters_at_depth(self.pools[row].host.depths[frontiers[row][i]], settings.draft_depth,
                                                    settings.shortlist_k0, settings.shortlist_k1)
                   for row, i in zip(rows, places)]
         head, (children, log_q) = lead.head_children(out.hidden_states[rows, places],
@@ -172,12 +173,12 @@ class LockstepExpand:
         allowed = torch.zeros(count, width, self.columns + width, dtype=torch.bool)
         allowed[:, torch.arange(width), self.columns + torch.arange(width)] = True  # every query: itself
         for row, nodes in frontiers.items():
-            pool, slots = self.pools[row], self.slots[row]
+            pool, host, slots = self.pools[row], self.pools[row].host, self.slots[row]
             allowed[row, : len(nodes), : self.lengths[row]] = True  # the row's committed positions
             for i, node in enumerate(nodes):
-                token_ids[row][i] = pool.tokens[node]
-                position_ids[row][i] = self.lengths[row] - 1 + pool.depths[node]
-                parents[row, i] = self.features[row][pool.parents[node]]
+                token_ids[row][i] = host.tokens[node]
+                position_ids[row][i] = self.lengths[row] - 1 + host.depths[node]
+                parents[row, i] = self.features[row][host.parents[node]]
                 for ancestor in pool.ancestors(node):
                     allowed[row, i, slots[ancestor]] = True
         return (torch.tensor(token_ids, device=device), parents, torch.tensor(position_ids, device=device),

@@ -4,7 +4,7 @@ A small drafter is weakest where the answer copies its context (extraction, summ
 of names and numbers) and where a greedy answer repeats itself; prompt lookup decoding (Saxena, 2023) is
 strongest exactly there. `find_continuation` finds the most recent earlier occurrence of the sequence's last
 n tokens (the longest n from `max_ngram` down to `min_ngram` that occurs) and returns the tokens that
-followed it. `graft_chain` (in tree.py) merges them into the drafter's tree as one more root path, sharing
+followed it. `graft` (in tree.py) merges them into the drafter's tree as one more root path, sharing
 the drafter's nodes where the two agree, so the target verifies both in the same forward pass and output
 stays exact (verification never trusts a draft, whatever proposed it).
 

@@ -59,7 +59,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .tree import DraftTree, VerifyTree, close_under_ancestors, compact, graft_chain, subtree
+from .tree import VerifyTree, chain_tree, close_under_ancestors, subtree
 
 PROBE_EVERY = 8  # undrafted steps in a row before a drafted step refreshes the estimates
 MIN_SEEN = 3  # verifications of one size before their seconds correct the measured cost of that size
@@ -176,8 +176,7 @@ def trim(tree: VerifyTree, costs: VerifyCosts, calibration: Calibration, overhea
 
 def lookup_tree(root_token: int, lookup: Sequence[int]) -> VerifyTree:
     """The root and the lookup branch as one chain (no drafter node)."""
-    pool = DraftTree(root_token=root_token)
-    return compact(pool, graft_chain(pool, [0], list(lookup)))
+    return chain_tree(root_token, lookup)
 
 
 @dataclass
