@@ -48,7 +48,7 @@ except Exception as err:  # noqa: BLE001
     DynaSpecConfig = DynaSpecDrafter = DynaSpecGenerationConfig = dynaspec_modeling = VocabClusters = None
     decoding = HostSyncCounter = crop_cache = target_masks = None
 
-SECTIONS = ("head", "verify", "drafter", "steps", "exactness", "syncs", "trees")
+SECTIONS = ("head", "verify", "drafter", "steps", "exactness", "syncs", "trees", "batch")
 TIMED_HEAD_MODES = ("full", "static", "dynamic", "dynamic-lanes")  # "-lanes": the fixed-shape shortlist layout
 # How drafting runs: through the host (the union shortlist layout, each expansion read to pick the next) or on the
 # device (fixed-shape lanes and tree growth: the tree read once); CUDA's default is "device"
@@ -113,6 +113,8 @@ class Plan:
     tune_configs: tuple[tuple[int, int, int, int], ...]  # (block_s, block_k, num_warps, num_stages)
     step_context: int  # prompt tokens before the timed steps of the trees section
     step_tokens: int  # tokens generated per timed call there
+    batch_sizes: tuple[int, ...]  # the batch section's B (SmolLM2-shaped random target)
+    batch_tokens: int  # new tokens per row there
     trees: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(TREES))
 
 
@@ -129,7 +131,7 @@ FULL = Plan(
     tune_rows=64,
     tune_configs=tuple((bs, bk, w, st) for bs in (64, 128, 256) for bk in (64, 128) for w in (4, 8)
                        for st in (2, 3, 4)),
-    step_context=512, step_tokens=33,
+    step_context=512, step_tokens=33, batch_sizes=(1, 2, 4, 8, 16, 32), batch_tokens=48,
 )
 QUICK = Plan(
     head_vocab=(1024, 4096), head_dims=(64,), head_shares=(0.02, 0.05, 0.125), head_rows=(1, 8),
@@ -141,7 +143,7 @@ QUICK = Plan(
     exact_targets={"tiny-llama": ("llama", TINY), "tiny-qwen2": ("qwen2", TINY), "smollm2": ("llama", QUICK_SMOLLM2)},
     prompts=2, prompt_length=8, new_tokens=12, sync_targets=("tiny-llama", "smollm2"),
     tune_cases=((1024, 64, 0.125),), tune_rows=8, tune_configs=((16, 16, 4, 2), (32, 32, 4, 3)),
-    step_context=16, step_tokens=5,
+    step_context=16, step_tokens=5, batch_sizes=(1, 3), batch_tokens=6,
 )
 
 

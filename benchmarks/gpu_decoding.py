@@ -228,3 +228,69 @@ def run_trees(ctx: Context) -> dict[str, Any]:
     return {"rows": rows, "plain_ms_per_token": plain_ms, "context": plan.step_context,
             "notes": ["random target and drafter: next to no draft is accepted, so every step verifies the whole "
                       "tree and emits about one token; cost = ms per step / plain ms per token (no lookup branch)"]}
+
+
+# ---------------------------------------------------------------------------------------------- batch
+
+# generate() settings per method (None: plain batched generate); "whole-tree": every row drafts and verifies the
+# whole tree every step (the step policy off), the cost of a drafted batch step at each B
+BATCH_METHODS: dict[str, dict[str, Any] | None] = {"plain": None, "dynaspec": {},
+                                                   "dynaspec-whole-tree": {"step_policy": "off"}}
+
+
+def batch_prompts(size: int, length: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`size` random prompts of mixed lengths (every third row a quarter shorter, the next a half), left-padded with
+    token 0: input_ids and attention_mask (B, length)."""
+    ids = torch.zeros(size, length, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for b in range(size):
+        row = prompt_ids(b, length - (b % 3) * (length // 4), vocab, device)[0]  # (T_b,)
+        ids[b, length - row.numel():] = row
+        mask[b, length - row.numel():] = 1
+    return ids, mask
+
+
+def batch_rows(ctx: Context, target: torch.nn.Module, drafter: DynaSpecDrafter, size: int, vocab: int
+               ) -> list[dict[str, Any]]:
+    """Every method at batch size `size` on the same padded batch: ms per call of `batch_tokens` new tokens per
+    row (after one untimed call), tokens/s, speedup over plain batched generate(), rows identical to plain's."""
+    plan = ctx.plan
+    ids, mask = batch_prompts(size, plan.prompt_length, vocab, ctx.device)
+    rows, plain = [], None
+    for method, settings in BATCH_METHODS.items():
+        kwargs: dict[str, Any] = dict(attention_mask=mask, pad_token_id=0)
+        if settings is not None:
+            kwargs.update(assistant_model=drafter, generation_config=DynaSpecGenerationConfig(**settings))
+        ms, out = generate_timed(ctx, target, ids, plan.batch_tokens, warmup=1, **kwargs)
+        new = out[:, ids.shape[1]:]  # (B, batch_tokens)
+        plain = new if plain is None else plain
+        same = [bool(torch.equal(a, b)) for a, b in zip(new, plain)]
+        rows.append(dict(batch_size=size, method=method, ms=ms, tokens_per_s=1e3 * size * plan.batch_tokens / ms,
+                         identical_rows=sum(same), rows=size))
+    for row in rows:
+        row["speedup"] = rows[0]["ms"] / row["ms"]
+    return rows
+
+
+def run_batch(ctx: Context) -> dict[str, Any]:
+    """Batched decoding at each batch size on the SmolLM2-shaped random target in `--dtype`: plain batched
+    generate(), DynaSpec with its step policy, and the whole tree every step."""
+    require_package()
+    plan = ctx.plan
+    family, fields = plan.exact_targets["smollm2"]
+    dtype = ctx.dtype if ctx.device.type == "cuda" else torch.float32
+    target = random_model(family, fields, dtype, ctx.device, seed=ctx.args.seed)
+    drafter = DynaSpecDrafter.from_target(target, num_clusters=plan.num_clusters, seed=ctx.args.seed).eval()
+    bar = progress(len(plan.batch_sizes), "batch")
+    rows = []
+    for size in plan.batch_sizes:
+        rows += batch_rows(ctx, target, drafter, size, fields["vocab_size"])
+        bar.update()
+    bar.close()
+    del target, drafter
+    release_memory(ctx.device)
+    return {"rows": rows, "dtype": str(dtype).removeprefix("torch."), "new_tokens": plan.batch_tokens,
+            "notes": ["random target and drafter: next to no draft is accepted, so 'dynaspec' shows the step "
+                      "policy's floor at each B (its plain steps and probes) and 'dynaspec-whole-tree' what a drafted "
+                      "batch step costs; identical rows: against plain batched generate() of the same padded batch",
+                      "prompts of mixed lengths, left-padded (token 0) with an attention mask"]}

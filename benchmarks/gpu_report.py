@@ -70,6 +70,8 @@ EXACT_COLUMNS = [("target", "target"), ("dtype", "dtype"), ("tree", "tree"), ("r
 SYNC_COLUMNS = [("target", "target"), ("tree", "tree"), ("drafting", "drafting"), ("steps", "steps"), ("mean", "syncs/step mean"),
                 ("max", "max"), ("tokens_per_step", "tokens/step"), ("by_kind", "per step by kind")]
 
+BATCH_COLUMNS = [("batch_size", "B"), ("method", "method"), ("ms", "ms per call"), ("tokens_per_s", "tokens/s"),
+                 ("speedup", "vs plain"), ("identical_rows", "rows identical"), ("rows", "rows")]
 TREE_COLUMNS = [("tree", "tree"), ("steps", "steps"), ("tokens_per_step", "tokens/step"),
                 ("tree_nodes_per_step", "nodes/step"), ("step_ms", "ms/step"), ("cost", "cost (plain steps)")]
 
@@ -119,6 +121,8 @@ def section_markdown(name: str, data: dict[str, Any]) -> list[str]:
         lines += ["", "Identical outputs: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in shares.items())]
     elif name == "syncs":
         lines += table(data["rows"], SYNC_COLUMNS)
+    elif name == "batch":
+        lines += [f"{data['dtype']}, {data['new_tokens']} new tokens per row.", ""] + table(data["rows"], BATCH_COLUMNS)
     elif name == "trees":
         lines += [f"Plain decoding: {fmt(data['plain_ms_per_token'])} ms per token after {data['context']} prompt "
                   "tokens.", ""] + table(data["rows"], TREE_COLUMNS)

@@ -31,6 +31,9 @@ on a rerun while that file exists (`--force` redoes it; a file from a `--quick` 
 - trees:     one decoding step, end to end, with each candidate default tree of `benchmarks/device_tree.py` on
              the verify section's target (512 prompt tokens, a random drafter): ms per step and its cost in
              plain decoding steps, which device_tree.py then uses instead of its model.
+- batch:     batched decoding at B in {1, 2, 4, 8, 16, 32} on the SmolLM2-shaped random target (prompts of mixed
+             lengths, left-padded): plain batched generate(), DynaSpec (step policy on) and the whole tree every
+             step; ms per call, tokens/s, speedup over plain at the same B, rows identical to plain's.
 
 Results: `<out>/results.json` (every section, the device, torch / triton / transformers versions, a timestamp,
 the errors of this run) and `<out>/results.md` (tables made from results.json); `<out>/log.txt` logs runs and
@@ -77,14 +80,14 @@ from gpu_common import (  # noqa: E402
     Context,
     release_memory,
 )
-from gpu_decoding import run_exactness, run_syncs, run_trees  # noqa: E402
+from gpu_decoding import run_batch, run_exactness, run_syncs, run_trees  # noqa: E402
 from gpu_report import render_markdown  # noqa: E402
 from gpu_steps import run_steps  # noqa: E402
 from gpu_timing import run_drafter, run_head, run_verify  # noqa: E402
 
 RUNNERS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "head": run_head, "verify": run_verify, "drafter": run_drafter, "steps": run_steps, "exactness": run_exactness,
-    "syncs": run_syncs, "trees": run_trees,
+    "syncs": run_syncs, "trees": run_trees, "batch": run_batch,
 }
 
 

@@ -167,6 +167,18 @@ def test_trees_time_a_step_of_every_candidate_default_tree(suite, run):
         assert row["tokens_per_step"] >= 1 and row["tree_nodes_per_step"] > 0
 
 
+def test_batch_rows_cover_every_size_and_method_and_are_exact(suite, run):
+    out, _ = run
+    data = section(out, "batch")
+    methods = list(load_benchmark_script("gpu_decoding").BATCH_METHODS)
+    assert [(r["batch_size"], r["method"]) for r in data["rows"]] == [
+        (size, method) for size in suite.QUICK.batch_sizes for method in methods]
+    for row in data["rows"]:
+        assert row["ms"] > 0 and row["tokens_per_s"] > 0 and row["speedup"] > 0
+        assert row["identical_rows"] == row["rows"] == row["batch_size"]  # fp32 on CPU: every row exact
+    assert max(suite.QUICK.batch_sizes) > 2  # a batch of mixed prompt lengths is among them
+
+
 def test_markdown_is_made_from_the_json(suite, run):
     out, _ = run
     text = (out / "results.md").read_text()
