@@ -99,7 +99,7 @@ def test_prefilter_needs_plain_greedy(target, drafter, kwargs):
 def test_auto_leaves_the_prefilter_out_when_sampling(target, drafter, monkeypatch):
     asked = []
 
-    def measured(model, layouts):
+    def measured(model, layouts, batch):
         asked.append(layouts)
         return WalkHead.of(model, layout=layouts[0])
 
@@ -108,6 +108,21 @@ def test_auto_leaves_the_prefilter_out_when_sampling(target, drafter, monkeypatc
         config = DynaSpecGenerationConfig(max_new_tokens=4, do_sample=do_sample)
         target.generate(prompt(5), generation_config=config, assistant_model=drafter)
     assert asked == [("rows", "columns", "prefilter"), ("rows", "columns")]
+
+
+def test_a_batch_asks_for_the_walk_head_of_its_size(target, drafter, monkeypatch):
+    """The head's layout is chosen for every row's walk rows gathered (`choose_walk_head(..., batch=B)`)."""
+    asked = []
+
+    def measured(model, layouts, batch):
+        asked.append(batch)
+        return WalkHead.of(model, layout="rows")
+
+    monkeypatch.setattr("hf_dynaspec.generation.calibration.measure_walk_head", measured)
+    ids = torch.cat([prompt(6, seed=s) for s in range(3)])  # (3, 6)
+    config = DynaSpecGenerationConfig(max_new_tokens=4, do_sample=False)
+    target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, assistant_model=drafter)
+    assert asked == [3]
 
 
 def test_walk_head_choice_among_three_layouts():

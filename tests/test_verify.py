@@ -53,7 +53,8 @@ def test_both_logit_paths_are_exact(target, drafter, walk_logits, layout, monkey
 
     monkeypatch.setattr(WalkHead, "reproduces", lambda *args: walk_logits)
     # rows past the second: on demand
-    monkeypatch.setattr(calibration, "measure_walk_head", lambda target, layouts: WalkHead.of(target, 2, layout))
+    monkeypatch.setattr(calibration, "measure_walk_head",
+                        lambda target, layouts, batch: WalkHead.of(target, 2, layout))
     monkeypatch.setattr(verify.NodeLogits, "row", counting_row)
     ids = prompt(7, seed=4)
     config = DynaSpecGenerationConfig(tree_policy="eagle2", num_draft_nodes=10, draft_depth=4, draft_top_k=3,
@@ -123,6 +124,19 @@ def test_walk_head_choice_follows_the_costs():
     assert walk_cost(columns, 3, 6) == 131.0 + 3 * 45.0
     # a copy that saves under 10% is not kept
     assert choose_walk_head({"rows": rows, "columns": tuple(0.95 * t for t in rows)}, 3, 0.9) == ("rows", 5)
+
+
+def test_a_batch_chooses_its_walk_head_for_every_row_gathered():
+    """A batch applies the head once to every row's walk rows: what is cheap for 3 rows need not be for 24."""
+    rows = (10.0, 12.0, 14.0, 30.0, 40.0, 50.0, 60.0, 70.0)  # a slower BLAS path from 4 rows on
+    columns = (12.0, 14.0, 16.0, 18.0, 20.0, 22.0, 24.0, 26.0)
+    seconds = {"rows": rows, "columns": columns}
+    assert choose_walk_head(seconds, walk=3, columns_margin=0.9) == ("rows", 3)
+    assert choose_walk_head(seconds, walk=3, columns_margin=0.9, batch=8) == ("columns", 3)
+    # 8 rows x 3 = 24 rows at once: past the 8 measured, the 8-row time scaled by 24 / 8
+    assert walk_cost(columns, 3, 3, batch=8) == 26.0 * 3
+    assert walk_cost(rows, 1, 3, batch=8) == 70.0 + 8 * 2 * 10.0
+    assert walk_cost(rows, 3, 6) == walk_cost(rows, 3, 6, batch=1) == 14.0 + 3 * 10.0
 
 
 def test_columns_layout_keeps_the_bias_and_the_soft_cap():

@@ -47,10 +47,10 @@ _WALK_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -
 @torch.no_grad()
 def measure_walk_head(target: torch.nn.Module, max_rows: int = MAX_WALK_ROWS, repeats: int = WALK_REPEATS,
                       walk: int = EXPECTED_WALK, columns_margin: float = COLUMNS_MARGIN,
-                      layouts: tuple[str, ...] = ("rows", "columns")) -> WalkHead:
-    """The target's head in the layout of `layouts`, and with the rows at once, that make a walk of `walk` rows
-    cheapest here (median timings of 1..max_rows rows in each layout, of its logits or, "prefilter", its greedy
-    picks; `walk_head.choose_walk_head`). The timings are kept on disk per target shape and machine (`measured`);
+                      layouts: tuple[str, ...] = ("rows", "columns"), batch: int = 1) -> WalkHead:
+    """The target's head in the layout of `layouts`, and with the rows at once, that make the walks of `batch`
+    rows of `walk` rows each cheapest here (median timings of 1..max_rows rows in each layout, of its logits or,
+    "prefilter", its greedy picks; a batch applies the head once to every row's rows, `walk_head.choose_walk_head`). The timings are kept on disk per target shape and machine (`measured`);
     the choice is memoised per target, setting and head weights (an in-place update of the weights makes the
     layout's copy anew)."""
     unknown = [layout for layout in layouts if layout not in LAYOUTS]
@@ -58,14 +58,14 @@ def measure_walk_head(target: torch.nn.Module, max_rows: int = MAX_WALK_ROWS, re
         raise ValueError(f"layouts must be some of {LAYOUTS}, got {layouts!r}.")
     weight = target.get_output_embeddings().weight
     weights = (weight.data_ptr(), weight._version)  # which head weights the copies were made from
-    key = (max_rows, walk, columns_margin, tuple(layouts), str(target.device), target.dtype,
+    key = (max_rows, walk, batch, columns_margin, tuple(layouts), str(target.device), target.dtype,
            torch.get_num_threads(), weights)
     memo = _WALK_HEADS.setdefault(target, {})
     if key not in memo:
         if any(old[-1] != weights for old in memo):
             memo.clear()  # an older key holds a stale copy of the weights
         seconds = walk_head_seconds(target, layouts, max_rows, repeats, untimed_ok=len(layouts) > 1)
-        memo[key] = (exact_walk_head(target, seconds, walk, columns_margin) if seconds is not None
+        memo[key] = (exact_walk_head(target, seconds, walk, columns_margin, batch) if seconds is not None
                      else default_walk_head(target, layouts, walk))
     return memo[key]
 
@@ -103,14 +103,14 @@ def walk_head_seconds(target: torch.nn.Module, layouts: tuple[str, ...], max_row
 
 
 def exact_walk_head(target: torch.nn.Module, seconds: dict[str, tuple[float, ...]], walk: int,
-                    columns_margin: float) -> WalkHead:
-    """The cheapest layout of `seconds` (`choose_walk_head`), its copy made; the "prefilter" one only where this
+                    columns_margin: float, batch: int = 1) -> WalkHead:
+    """The cheapest layout of `seconds` for `batch` rows (`choose_walk_head`), its copy made; the "prefilter" one only where this
     machine's bf16 GEMM stays within the bound its exactness rests on (else the next cheapest)."""
     seconds = dict(seconds)
     weight = target.get_output_embeddings().weight
     hidden = torch.randn(MAX_WALK_ROWS, weight.shape[1], device=target.device, dtype=weight.dtype)
     while True:
-        layout, rows = choose_walk_head(seconds, walk, columns_margin)
+        layout, rows = choose_walk_head(seconds, walk, columns_margin, batch)
         head = WalkHead.of(target, layout=layout)
         if head.error_over_bound(hidden) < PREFILTER_SAFETY:
             return dataclasses.replace(head, rows=rows, seconds=seconds)
@@ -278,12 +278,13 @@ def _synchronize(device: torch.device) -> None:
         torch.accelerator.synchronize(device)
 
 
-def walk_head_for(target: torch.nn.Module, wanted: str, greedy_only: bool, hidden: torch.Tensor, raw: torch.Tensor
-                  ) -> WalkHead | None:
-    """How verification applies the target's LM head (None: every node's logits in the verification pass).
+def walk_head_for(target: torch.nn.Module, wanted: str, greedy_only: bool, hidden: torch.Tensor, raw: torch.Tensor,
+                  batch: int = 1) -> WalkHead | None:
+    """How verification applies the target's LM head to `batch` rows (None: every node's logits in the
+    verification pass).
 
     On CPU the head's cost grows with its rows: "auto" applies it only along the walk, in the layout and with the
-    rows at once that are cheapest here (measured once per target), the greedy-only "prefilter" among them when
+    rows at once that are cheapest here for this many rows (measured once per target), the greedy-only "prefilter" among them when
     `greedy_only` (no sampling, logits processors or kept scores) and the head qualifies; a target whose logits
     its head does not reproduce from the final hidden state (1, d) (`raw` (1, V): unknown post-processing)
     verifies with full logits. A named layout is used as asked, or refused with the reason."""
@@ -303,7 +304,7 @@ def walk_head_for(target: torch.nn.Module, wanted: str, greedy_only: bool, hidde
         if blocker is not None:
             raise ValueError(f"verify_head={wanted!r} cannot apply: {blocker}. Use 'auto' or another layout.")
         layouts = (wanted,)
-    walk_head = measure_walk_head(target, layouts=layouts)
+    walk_head = measure_walk_head(target, layouts=layouts, batch=batch)
     if walk_head.reproduces(hidden, raw):
         return walk_head
     if wanted != "auto":

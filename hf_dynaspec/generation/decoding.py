@@ -218,7 +218,8 @@ def prefill(target: torch.nn.Module, rows: list[_Run], ids: torch.LongTensor, at
         raw = out.logits[:, -1].float()  # (B, V)
     greedy_only = not config.do_sample and not len(rows[0].logits_processor) and not rows[0].keep_scores
     with stats.timer("setup"):  # measured once per target shape and machine (kept on disk), then memoised
-        walk_head = walk_head_for(target, settings.verify_head, greedy_only, out.hidden_states[-1][0, -1:], raw[:1])
+        walk_head = walk_head_for(target, settings.verify_head, greedy_only, out.hidden_states[-1][0, -1:], raw[:1],
+                                  len(rows))
     verifier = Verifier(target, cache, keys, walk_head, tuple(feature_layers), rows[0].logits_processor,
                         bool(config.do_sample), rows[0].keep_scores)
     all_features = select_hidden_states(out.hidden_states, feature_layers)  # (B, T', k * d)
@@ -305,7 +306,8 @@ def speculative_step(target: torch.nn.Module, batch: _Batch) -> None:
         plan, tree = step.plan, step.tree
         row.emit(walk.new_tokens, walk.scores, walk.logits)
         row.generator.accept(tree, walk, None if row.finished else row_features, plan.kind == "draft")
-        row.stats.add_prediction(plan.kind, step.predicted, len(walk.new_tokens), tree.num_nodes - 1)
+        spread = row.policy.spread(tree) if row.policy is not None and tree.num_nodes > 1 else 0.0  # before `record`
+        row.stats.add_prediction(plan.kind, step.predicted, len(walk.new_tokens), tree.num_nodes - 1, spread)
         if row.policy is not None:
             timed = {**step.seconds, "verify": verify_seconds} if b == 0 else step.seconds  # shared timings
             row.policy.record(plan, tree, walk.path, timed, verified, len(rows), step.drafting, step.drafted,

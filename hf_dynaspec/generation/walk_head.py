@@ -217,19 +217,30 @@ def prefilter_blocker(target: torch.nn.Module) -> str | None:
     return unsupported_reason(target.get_output_embeddings(), transform.scale, transform.softcap)
 
 
-def walk_cost(seconds: tuple[float, ...], rows: int, walk: int) -> float:
-    """Seconds to get a walk of `walk` rows with `rows` computed at once: t(rows) + max(0, walk - rows) * t(1)."""
-    return seconds[rows - 1] + max(0, walk - rows) * seconds[0]
+def gathered_seconds(seconds: tuple[float, ...], rows: int) -> float:
+    """Seconds of `rows` rows at once: measured up to len(seconds) rows, beyond that the largest measurement scaled
+    by the rows (a GEMM over many rows costs about linearly in them)."""
+    if rows <= len(seconds):
+        return seconds[rows - 1]
+    return seconds[-1] * rows / len(seconds)
 
 
-def choose_walk_head(seconds: dict[str, tuple[float, ...]], walk: int, columns_margin: float) -> tuple[str, int]:
-    """(layout, rows) with the cheapest `walk_cost` (ties: more rows) among the `seconds` measured; a layout other
-    than "rows" only when it is cheaper than the best "rows" choice (if measured) by the factor `columns_margin`
-    (< 1: its extra weight copy must pay)."""
+def walk_cost(seconds: tuple[float, ...], rows: int, walk: int, batch: int = 1) -> float:
+    """Seconds to get the walks of `batch` rows of `walk` rows each with `rows` per row computed at once, gathered
+    into one application of the head: t(batch * rows) + batch * max(0, walk - rows) * t(1) (the walk's rows past
+    `rows` are made one at a time when it reaches them)."""
+    return gathered_seconds(seconds, batch * rows) + batch * max(0, walk - rows) * seconds[0]
+
+
+def choose_walk_head(seconds: dict[str, tuple[float, ...]], walk: int, columns_margin: float, batch: int = 1
+                     ) -> tuple[str, int]:
+    """(layout, rows) with the cheapest `walk_cost` for `batch` rows (ties: more rows) among the `seconds`
+    measured; a layout other than "rows" only when it is cheaper than the best "rows" choice (if measured) by the
+    factor `columns_margin` (< 1: its extra weight copy must pay)."""
     best = {}
     for layout, times in seconds.items():
-        rows = min(range(1, len(times) + 1), key=lambda r, t=times: (walk_cost(t, r, walk), -r))
-        best[layout] = (walk_cost(times, rows, walk), rows)
+        rows = min(range(1, len(times) + 1), key=lambda r, t=times: (walk_cost(t, r, walk, batch), -r))
+        best[layout] = (walk_cost(times, rows, walk, batch), rows)
     baseline = best["rows"][0] if "rows" in best else math.inf
     others = [layout for layout in best if layout != "rows" and best[layout][0] < columns_margin * baseline]
     if others:
