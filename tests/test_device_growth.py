@@ -1,7 +1,7 @@
 """EAGLE-2 growth on the device (generation/tree.py on a pool without host columns: fixed-shape tensor ops): the same
 trees as on the host, no host read until the tree is read once, and greedy speculative output equal to greedy.
 
-    python -m pytest tests/test_fixed_tree.py -q
+    python -m pytest tests/test_device_growth.py -q
 """
 
 from __future__ import annotations

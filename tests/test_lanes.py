@@ -1,6 +1,6 @@
 """The "lanes" shortlist layout: each position's own clusters in fixed lanes. Same shortlists and logits as the
 "union" layout, no host read, no graph break when compiled (greedy speculative output with it:
-tests/test_fixed_tree.py).
+tests/test_device_growth.py).
 
     python -m pytest tests/test_lanes.py -q
 """

@@ -21,6 +21,7 @@ from hf_dynaspec.generation.policy import (
     Timings,
     VerifyCosts,
     acceptance_estimates,
+    accepted_variance,
     choose_options,
     lookup_tree,
     probing_rows,
@@ -41,6 +42,37 @@ def small_tree():
     c = pool.add(12, a, pool.host.scores[a] + math.log(0.4))
     keep = pool.mask([0, a, b, c])
     return compact(pool, keep, graft(pool, keep, [11, 13]))  # shares b, grafts d under it
+
+
+def path_distribution(tree, a):
+    """P(the accepted path ends at node i) = a_i - sum of its children's a (one path is accepted)."""
+    return [a[i] - sum(a[c] for c in tree.children[i]) for i in range(tree.num_nodes)]
+
+
+@pytest.mark.parametrize("rates", [(1.0, 0.5), (0.4, 0.9), (1.2, 0.1)])
+def test_accepted_variance_is_that_of_the_path_distribution(rates):
+    """Var(L) from the closed form equals the variance of the accepted length over the distribution of where the
+    accepted path ends (the lookup chain included)."""
+    calibration = Calibration(drafted_expected={1: 1.0, 2: 1.0}, drafted_accepted={1: rates[0], 2: rates[0]},
+                              lookup_tested={1: 2.0, 2: 2.0}, lookup_accepted={1: 2 * rates[1], 2: 2 * rates[1]})
+    tree = small_tree()
+    a = acceptance_estimates(tree, calibration)
+    ends = path_distribution(tree, a)
+    assert min(ends) >= 0  # siblings' estimates within their parent's: a distribution to compare with
+    mean = sum(p * (1 + tree.depth_list[i]) for i, p in enumerate(ends))
+    second = sum(p * (1 + tree.depth_list[i]) ** 2 for i, p in enumerate(ends))
+    assert mean == pytest.approx(sum(a))
+    assert accepted_variance(tree, a) == pytest.approx(second - mean * mean)
+
+
+def test_accepted_variance_of_a_chain_and_of_siblings():
+    chain = lookup_tree(0, [5, 6])  # a = 1, 0.5, 0.25
+    assert accepted_variance(chain, [1.0, 0.5, 0.25]) == pytest.approx(0.25 + 4 * 0.25 - 0.75 ** 2)
+    pool = TreePool.empty(0, 3)
+    pool.add(5, 0, math.log(0.3))
+    pool.add(6, 0, math.log(0.6))
+    siblings = compact(pool, pool.mask(range(3)))
+    assert accepted_variance(siblings, [1.0, 0.6, 0.3]) == pytest.approx(0.9 * 0.1)  # one of them, or none
 
 
 def test_verify_costs_extrapolate_by_the_last_step_and_refuse_nonsense():

@@ -167,6 +167,17 @@ def acceptance_estimates(tree: VerifyTree, calibration: Calibration) -> list[flo
     return a
 
 
+def accepted_variance(tree: VerifyTree, a: Sequence[float]) -> float:
+    """Var(L) of the accepted length L = 1 + sum_i X_i under the estimates a (n,) (`acceptance_estimates`): X_i = 1
+    when node i is accepted, E[X_i] = a_i; a node is accepted only with all its ancestors and never beside a
+    sibling (one path), so E[X_i X_j] = a_i for j an ancestor of i (or i itself), 0 otherwise, and
+
+        E[(L - 1)^2] = sum_i a_i (2 d_i - 1),     Var(L) = sum_i a_i (2 d_i - 1) - (sum_i a_i)^2      (i >= 1)"""
+    drafts = range(1, tree.num_nodes)
+    mean = sum(a[i] for i in drafts)
+    return max(0.0, sum(a[i] * (2 * tree.depth_list[i] - 1) for i in drafts) - mean * mean)
+
+
 def trim(tree: VerifyTree, costs: VerifyCosts, calibration: Calibration, overhead: float = 0.0
          ) -> tuple[VerifyTree, float]:
     """The subtree of the best-ranked m* nodes, and its expected accepted length E (module docstring; one row of
@@ -493,6 +504,11 @@ class StepPolicy:
     def expected(self, tree: VerifyTree) -> float:
         """E of a tree verified whole (lookup and plain steps)."""
         return sum(acceptance_estimates(tree, self.calibration))
+
+    def spread(self, tree: VerifyTree) -> float:
+        """Var of the accepted length of a tree about to be verified, under this row's estimates
+        (`accepted_variance`): the noise its prediction expects of one step."""
+        return accepted_variance(tree, acceptance_estimates(tree, self.calibration))
 
     def record(self, plan: Plan, tree: VerifyTree, path: Sequence[int], seconds: dict[str, float],
                verified: int | None = None, rows: int = 1, drafting: int = 1, drafted: VerifyTree | None = None,

@@ -38,7 +38,9 @@ class SpeculativeStats:
     lookup_tokens: accepted drafts that came from the lookup branch; plain_steps / lookup_steps: steps the step
     policy verified without a drafted tree (the root alone / the lookup branch alone: `policy.py`);
     predicted_steps: steps that verified at least one draft node, with the policy's expected accepted length of
-    each summed in predicted_tokens and the realised one in realized_tokens; host_reads / target_host_reads: reads of device values on the host
+    each summed in predicted_tokens, its variance under the policy's own model in predicted_variance (so a run's
+    deviation can be told from the noise the model itself expects) and the realised one in realized_tokens;
+    host_reads / target_host_reads: reads of device values on the host
     (each a GPU synchronisation) in the decoding steps, outside / inside the target's own forward, counted
     with `count_host_reads=True` (`syncs.HostSyncCounter`; 0 when not counted); seconds: wall time per
     section."""
@@ -55,6 +57,7 @@ class SpeculativeStats:
     lookup_steps: int = 0
     predicted_steps: int = 0
     predicted_tokens: float = 0.0
+    predicted_variance: float = 0.0
     realized_tokens: int = 0
     host_reads: int = 0
     target_host_reads: int = 0
@@ -180,14 +183,16 @@ class SpeculativeStats:
         """The mean accepted length of the same steps (`predicted_accepted_length`'s counterpart)."""
         return self.realized_tokens / max(1, self.predicted_steps)
 
-    def add_prediction(self, kind: str, predicted: float | None, realized: int, draft_nodes: int) -> None:
+    def add_prediction(self, kind: str, predicted: float | None, realized: int, draft_nodes: int,
+                       variance: float = 0.0) -> None:
         """One step of the policy: its kind ("plain", "lookup" or "draft") and, where it verified draft nodes,
-        its expected (None: no policy) and realised accepted length."""
+        its expected (None: no policy) and realised accepted length, and the expected one's variance."""
         self.plain_steps += kind == "plain"
         self.lookup_steps += kind == "lookup"
         if predicted is not None and draft_nodes > 0:
             self.predicted_steps += 1
             self.predicted_tokens += predicted
+            self.predicted_variance += variance
             self.realized_tokens += realized
 
     @property

@@ -24,7 +24,7 @@ ancestor matrix that becomes the tree attention mask. Every tree operation lives
 depth rule (`depth_limits`), selection, closing a node set under ancestors, and one renumbering routine behind
 both `compact` (pool -> tree) and `subtree` (tree -> smaller tree).
 
-    python -m pytest tests/test_tree.py tests/test_fixed_tree.py -q
+    python -m pytest tests/test_tree.py tests/test_device_growth.py -q
 """
 
 from __future__ import annotations
