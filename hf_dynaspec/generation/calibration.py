@@ -122,7 +122,8 @@ def exact_walk_head(target: torch.nn.Module, seconds: dict[str, tuple[float, ...
 
 def measured_walk_heads(target: torch.nn.Module) -> list[str]:
     """The walk heads measured for `target` in this process, as "layout (r rows at once; of the layouts timed)"."""
-    return [f"{head.layout} ({head.rows} rows at once; of {' / '.join(head.seconds)})"
+    return [f"{head.layout} ({head.rows} rows at once; " + (f"of {' / '.join(head.seconds)})" if head.seconds
+                                                             else "not timed: a cold call's default)")
             for head in _WALK_HEADS.get(target, {}).values()]
 
 
