@@ -209,7 +209,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
             if self.settings.tree_growth == "device" and self.settings.tree_policy != "dyspec":
                 tree = self._draft_fixed(input_ids[0, -1], committed, max_depth, depth)
             else:
-                pool = new_pool(committed[-1], self.settings, self.device)
+                pool = new_pool(committed[-1], self.settings)
                 root_children, expand = self.proposers(input_ids, pool)
                 tree = grow_tree(pool, root_children, expand, self.settings, max_depth, self.lookup(committed),
                                  depth)

@@ -50,8 +50,7 @@ def draft_together(generators: Sequence[DynaSpecCandidateGenerator], committed: 
     on the host, root last. The generators read their pending accepted paths first (`catch_up_together`)."""
     catch_up_together(generators)
     lengths = [generator.committed for generator in generators]
-    pools = [new_pool(tokens[-1], generator.settings, generator.device)
-             for tokens, generator in zip(committed, generators)]
+    pools = [new_pool(tokens[-1], generator.settings) for tokens, generator in zip(committed, generators)]
     growths = [growing(pool, generator.root.children, generator.settings, max_depth, generator.lookup(tokens), depth)
                for pool, generator, tokens, max_depth, depth in zip(pools, generators, committed, max_depths, depths)]
     expand = LockstepExpand(generators, pools, stack_caches([g.cache for g in generators], lengths), lengths)

@@ -1,11 +1,11 @@
 """Dynamic draft trees: grow a token tree from the drafter's proposals under a node budget.
 
 One representation, on the host and on the device alike: `TreePool`, the drafted nodes of one tree as tensor
-columns on the drafter's device (tokens, parents, depths, path log-probabilities, drafter-cache slots: as EAGLE
-and vLLM keep trees), with a capacity known before growing. Growth on the host also keeps the columns as host
-lists (`HostColumns`: each expansion's proposals are read once), which the policies and the host expanders read
-to decide; growth on the device (EAGLE-2 and chains, `tree_growth="device"`) reads nothing until the grown tree
-is compacted (one read). Both are driven through one drafter primitive, an expansion: a frontier of pool nodes
+columns (tokens, parents, depths, path log-probabilities, drafter-cache slots: as EAGLE and vLLM keep trees), with
+a capacity known before growing, on the drafter's device for growth there and on the CPU for growth on the host
+(`new_pool`). Growth on the host also keeps the columns as host lists (`HostColumns`: each expansion's proposals
+are read once), which the policies and the host expanders read to decide; growth on the device (EAGLE-2 and
+chains, `tree_growth="device"`) reads nothing until the grown tree is compacted (one read). Both are driven through one drafter primitive, an expansion: a frontier of pool nodes
 in, each node's top-k children with their draft log-probabilities (F, k) out. The root's children are given, as
 the drafter proposed them when it last read the target (`DynaSpecCandidateGenerator.extend`). Policies:
 - "eagle2": per depth, the k best nodes of the newest layer (by cumulative log-probability
@@ -92,11 +92,11 @@ class TreePool:
     written: int = 1  # host-column nodes already in the tensors
 
     @classmethod
-    def empty(cls, root_token: int | torch.Tensor, capacity: int, device: torch.device | str | None = None,
-              on_host: bool = True) -> TreePool:
-        """A pool of `capacity` nodes holding the root alone: `root_token` a host int (with `on_host`, the host
-        columns kept) or a 0-dim device tensor (growth on the device: never read)."""
-        device = root_token.device if isinstance(root_token, torch.Tensor) else device
+    def empty(cls, root_token: int | torch.Tensor, capacity: int, on_host: bool = True) -> TreePool:
+        """A pool of `capacity` nodes holding the root alone: `root_token` a host int (a pool on the CPU; with
+        `on_host`, the host columns kept) or a 0-dim tensor on the device the pool lives on (growth on the device:
+        never read)."""
+        device = root_token.device if isinstance(root_token, torch.Tensor) else None
         tokens = torch.zeros(capacity, dtype=torch.long, device=device)
         tokens[0] = root_token
         scores = torch.full((capacity,), float("-inf"), dtype=torch.float64, device=device)
@@ -179,9 +179,11 @@ def pool_capacity(settings: DraftSettings) -> int:
     return growth_capacity(settings) + settings.lookup_num_tokens
 
 
-def new_pool(root_token: int, settings: DraftSettings, device: torch.device | str | None = None) -> TreePool:
-    """An empty pool for one tree grown on the host with `settings`."""
-    return TreePool.empty(root_token, pool_capacity(settings), device)
+def new_pool(root_token: int, settings: DraftSettings) -> TreePool:
+    """An empty pool for one tree grown on the host with `settings`. Its tensors live on the CPU whatever the
+    drafter's device: growth on the host decides from the host columns, and the tensors serve only the selection,
+    the graft and `compact`, which then copy and read nothing across devices."""
+    return TreePool.empty(root_token, pool_capacity(settings))
 
 
 @dataclass
