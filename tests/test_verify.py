@@ -115,6 +115,22 @@ def test_walk_head_is_measured_and_memoised(target, monkeypatch):
         next(costs)
 
 
+def test_every_choice_of_a_layout_shares_its_weight_copy(target, monkeypatch):
+    """Batch sizes choose their rows apart, but a layout's copy of the head's weights is made once per weights."""
+    from hf_dynaspec.generation import calibration
+
+    monkeypatch.setattr(calibration, "_WALK_HEADS", calibration.weakref.WeakKeyDictionary())
+    monkeypatch.setattr(calibration, "_LAYOUT_HEADS", calibration.weakref.WeakKeyDictionary())
+    seconds = {"columns": (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7)}
+    monkeypatch.setattr(calibration, "walk_head_seconds", lambda *args, **kwargs: seconds)
+    one, eight = (calibration.measure_walk_head(target, layouts=("columns",), batch=b) for b in (1, 8))
+    assert one is not eight and one.layout == eight.layout == "columns"
+    assert one.weight_t is eight.weight_t  # one transposed copy, not one per batch size
+    with torch.no_grad():
+        target.get_output_embeddings().weight.mul_(1.0)  # new weights: a new copy
+    assert calibration.measure_walk_head(target, layouts=("columns",), batch=8).weight_t is not eight.weight_t
+
+
 def test_walk_head_choice_follows_the_costs():
     # a 262,144 x 640 head on one AMD EPYC (ms): the transposed copy wins for 1-3 rows, loses beyond
     rows = (73.0, 158.0, 247.0, 215.0, 215.0, 216.0, 218.0, 220.0)

@@ -42,6 +42,7 @@ PREFILTER_SAFETY = 0.5  # the prefilter is used where its bf16 error reaches at 
 COLUMNS_MARGIN = 0.9  # the "columns" layout's weight copy must make the walk at least 10% cheaper
 _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {setting: costs}
 _WALK_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {setting: WalkHead}
+_LAYOUT_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {(layout, weights): WalkHead}
 
 
 @torch.no_grad()
@@ -50,9 +51,10 @@ def measure_walk_head(target: torch.nn.Module, max_rows: int = MAX_WALK_ROWS, re
                       layouts: tuple[str, ...] = ("rows", "columns"), batch: int = 1) -> WalkHead:
     """The target's head in the layout of `layouts`, and with the rows at once, that make the walks of `batch`
     rows of `walk` rows each cheapest here (median timings of 1..max_rows rows in each layout, of its logits or,
-    "prefilter", its greedy picks; a batch applies the head once to every row's rows, `walk_head.choose_walk_head`). The timings are kept on disk per target shape and machine (`measured`);
-    the choice is memoised per target, setting and head weights (an in-place update of the weights makes the
-    layout's copy anew)."""
+    "prefilter", its greedy picks; a batch applies the head once to every row's rows, `walk_head.choose_walk_head`).
+    The timings are kept on disk per target shape and machine (`measured`); the choice is memoised per target,
+    setting and head weights, and a layout's copy of the weights is made once for all of them (`layout_head`; an
+    in-place update of the weights makes it anew)."""
     unknown = [layout for layout in layouts if layout not in LAYOUTS]
     if unknown or not layouts:
         raise ValueError(f"layouts must be some of {LAYOUTS}, got {layouts!r}.")
@@ -104,20 +106,34 @@ def walk_head_seconds(target: torch.nn.Module, layouts: tuple[str, ...], max_row
 
 def exact_walk_head(target: torch.nn.Module, seconds: dict[str, tuple[float, ...]], walk: int,
                     columns_margin: float, batch: int = 1) -> WalkHead:
-    """The cheapest layout of `seconds` for `batch` rows (`choose_walk_head`), its copy made; the "prefilter" one only where this
-    machine's bf16 GEMM stays within the bound its exactness rests on (else the next cheapest)."""
+    """The cheapest layout of `seconds` for `batch` rows (`choose_walk_head`), its copy made (`layout_head`); the
+    "prefilter" one only where this machine's bf16 GEMM stays within the bound its exactness rests on (else the next
+    cheapest)."""
     seconds = dict(seconds)
     weight = target.get_output_embeddings().weight
     hidden = torch.randn(MAX_WALK_ROWS, weight.shape[1], device=target.device, dtype=weight.dtype)
     while True:
         layout, rows = choose_walk_head(seconds, walk, columns_margin, batch)
-        head = WalkHead.of(target, layout=layout)
+        head = layout_head(target, layout)
         if head.error_over_bound(hidden) < PREFILTER_SAFETY:
             return dataclasses.replace(head, rows=rows, seconds=seconds)
         if len(seconds) == 1:
             raise ValueError(f"verify_head={layout!r}: this machine's bf16 GEMM errs beyond the bound the "
                              "prefilter's exactness rests on (not fp32 accumulation?). Use 'auto'.")
         del seconds[layout]  # not exact here: left out
+
+
+def layout_head(target: torch.nn.Module, layout: str) -> WalkHead:
+    """The target's head in `layout`, its copy of the weights ("columns": transposed; "prefilter": bf16) made once
+    per process and head weights: every choice of that layout (each batch size, greedy or not) shares it."""
+    weight = target.get_output_embeddings().weight
+    weights = (weight.data_ptr(), weight._version)
+    heads = _LAYOUT_HEADS.setdefault(target, {})
+    if (layout, weights) not in heads:
+        for stale in [key for key in heads if key[1] != weights]:
+            del heads[stale]
+        heads[(layout, weights)] = WalkHead.of(target, layout=layout)
+    return heads[(layout, weights)]
 
 
 def measured_walk_heads(target: torch.nn.Module) -> list[str]:
@@ -285,8 +301,8 @@ def walk_head_for(target: torch.nn.Module, wanted: str, greedy_only: bool, hidde
     verification pass).
 
     On CPU the head's cost grows with its rows: "auto" applies it only along the walk, in the layout and with the
-    rows at once that are cheapest here for this many rows (measured once per target), the greedy-only "prefilter" among them when
-    `greedy_only` (no sampling, logits processors or kept scores) and the head qualifies; a target whose logits
+    rows at once that are cheapest here for this many rows (measured once per target), the greedy-only
+    "prefilter" among them when `greedy_only` (no sampling, logits processors or kept scores) and the head qualifies; a target whose logits
     its head does not reproduce from the final hidden state (1, d) (`raw` (1, V): unknown post-processing)
     verifies with full logits. A named layout is used as asked, or refused with the reason."""
     if wanted == "full":
