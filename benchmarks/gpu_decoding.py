@@ -240,14 +240,13 @@ BATCH_METHODS: dict[str, dict[str, Any] | None] = {"plain": None, "dynaspec": {}
 
 def batch_prompts(size: int, length: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """`size` random prompts of mixed lengths (every third row a quarter shorter, the next a half), left-padded with
-    token 0: input_ids and attention_mask (B, length)."""
-    ids = torch.zeros(size, length, dtype=torch.long, device=device)
-    mask = torch.zeros_like(ids)
-    for b in range(size):
-        row = prompt_ids(b, length - (b % 3) * (length // 4), vocab, device)[0]  # (T_b,)
-        ids[b, length - row.numel():] = row
-        mask[b, length - row.numel():] = 1
-    return ids, mask
+    token 0 (`batch_speed.left_pad`): input_ids and attention_mask (B, length)."""
+    from batch_speed import left_pad  # a sibling: gpu_suite puts benchmarks/ on sys.path
+
+    rows = [prompt_ids(b, length - (b % 3) * (length // 4), vocab, torch.device("cpu"))[0].tolist()
+            for b in range(size)]
+    ids, mask = left_pad(rows, 0)  # (B, length) each
+    return ids.to(device), mask.to(device)
 
 
 def batch_rows(ctx: Context, target: torch.nn.Module, drafter: DynaSpecDrafter, size: int, vocab: int

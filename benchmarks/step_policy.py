@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a so
 
 from results_io import save_results  # noqa: E402
 
-from hf_dynaspec.bench import Record, read_records, write_doc_block  # noqa: E402
+from hf_dynaspec.bench import Record, earlier_meta, read_records, write_doc_block  # noqa: E402
 from hf_dynaspec.generation.stats import SpeculativeStats  # noqa: E402
 
 SLOW = 0.95  # a prompt below this speedup over plain is "slower than plain"
@@ -141,14 +141,12 @@ def analyse(records: list[Record], reruns: dict[tuple[str, str], dict], meta: di
 
 
 def bench_prompt_source(bench: Path) -> str:
-    """The prompts an `hf-dynaspec bench` folder ran: its results.json's `prompt_source` (the --prompts file), else
+    """The prompts an `hf-dynaspec bench` folder ran: its meta's `prompt_source` (the --prompts file), else
     Spec-Bench (runs before that field, or no results.json yet)."""
-    path = bench / "results.json"
-    meta = json.loads(path.read_text())["meta"] if path.is_file() else {}
-    return meta.get("prompt_source", "Spec-Bench")
+    return earlier_meta(bench).get("prompt_source", "Spec-Bench")
 
 
-def prompt_source(meta: dict) -> str:
+def prompt_label(meta: dict) -> str:
     """What the run's prompts were: Spec-Bench, or the file `hf-dynaspec bench --prompts` read (its stem)."""
     source = meta.get("prompt_source", "Spec-Bench")
     return source if source == "Spec-Bench" else f"`{Path(source).stem}`"
@@ -156,7 +154,7 @@ def prompt_source(meta: dict) -> str:
 
 def report(result: dict) -> str:
     meta = result["meta"]
-    lines = [f"# Per-prompt speedups and the step policy\n\n{meta['prompts']} {prompt_source(meta)} prompts, greedy, "
+    lines = [f"# Per-prompt speedups and the step policy\n\n{meta['prompts']} {prompt_label(meta)} prompts, greedy, "
              f"{meta['max_new_tokens']} new tokens, fp32, batch 1, on {meta['machine']}; `{meta['bench']}`.\n",
              f"A prompt below {SLOW}x is run again paired with plain ({ROUNDS} alternating rounds) before it counts.\n",
              "| method | pooled speedup | median / lowest per prompt | below 0.95x: first run / after rerun "
