@@ -23,13 +23,12 @@ from hf_dynaspec.generation.policy import (
     acceptance_estimates,
     accepted_variance,
     choose_options,
-    lookup_tree,
     probing_rows,
     shrunk_rate,
     trim,
     trim_trees,
 )
-from hf_dynaspec.generation.tree import TreePool, compact, graft, subtree
+from hf_dynaspec.generation.tree import TreePool, compact, graft, lookup_tree, subtree
 
 
 def small_tree():

@@ -17,12 +17,12 @@ from hypothesis import given, settings
 from hf_dynaspec.generation.tree import (
     TreePool,
     VerifyTree,
-    chain_tree,
     close_under_ancestors,
     compact,
     depth_limits,
     graft,
     grow_tree,
+    lookup_tree,
     new_pool,
     subtree,
 )
@@ -114,11 +114,11 @@ def test_graft_reuses_a_drafted_path():
     assert int(pool.parents[3]) == a and float(pool.scores[3]) == LOG(0.5)  # q(path) of its parent
 
 
-def test_chain_tree_is_the_graft_of_a_chain_on_the_root_alone():
+def test_lookup_tree_is_the_graft_of_a_chain_on_the_root_alone():
     pool = TreePool.empty(4, 4)
     keep = pool.mask([0])
     grafted = compact(pool, keep, graft(pool, keep, [7, 8, 7]))
-    chain = chain_tree(4, [7, 8, 7])
+    chain = lookup_tree(4, [7, 8, 7])
     for column in ("token_list", "parent_list", "depth_list", "log_q_list", "grafted_list"):
         assert getattr(chain, column) == getattr(grafted, column)
     assert torch.equal(chain.ancestor, grafted.ancestor)

@@ -26,7 +26,8 @@ from transformers import DynamicCache
 from ..generation_config import DraftSettings
 from . import measured
 from .cache import KeyLayout, crop_cache
-from .policy import VerifyCosts, are_positive_costs, batch_bucket, lookup_tree
+from .policy import VerifyCosts, are_positive_costs, batch_bucket
+from .tree import lookup_tree
 from .verifier import Verifier
 from .walk_head import HEADS, LAYOUTS, WalkHead, choose_walk_head, head_class
 

@@ -44,13 +44,12 @@ from .policy import (
     StepPolicy,
     VerifyCosts,
     choose_options,
-    lookup_tree,
     probing_rows,
     trim_trees,
 )
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
 from .syncs import HostSyncCounter
-from .tree import VerifyTree
+from .tree import VerifyTree, lookup_tree
 from .verifier import Verifier
 
 

@@ -59,7 +59,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .tree import VerifyTree, chain_tree, close_under_ancestors, subtree
+from .tree import VerifyTree, close_under_ancestors, subtree
 
 PROBE_EVERY = 8  # undrafted steps in a row before a drafted step refreshes the estimates
 MIN_SEEN = 3  # verifications of one size before their seconds correct the measured cost of that size
@@ -183,11 +183,6 @@ def trim(tree: VerifyTree, costs: VerifyCosts, calibration: Calibration, overhea
     """The subtree of the best-ranked m* nodes, and its expected accepted length E (module docstring; one row of
     `trim_trees`)."""
     return trim_trees([tree], costs, [calibration], overhead)[0]
-
-
-def lookup_tree(root_token: int, lookup: Sequence[int]) -> VerifyTree:
-    """The root and the lookup branch as one chain (no drafter node)."""
-    return chain_tree(root_token, lookup)
 
 
 @dataclass

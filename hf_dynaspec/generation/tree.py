@@ -451,9 +451,9 @@ def compact(pool: TreePool, keep: torch.Tensor, grafted: torch.Tensor | None = N
     return _renumber(order, tokens, [int(p) for p in parents], depths, scores, [bool(g) for g in graft_flags])
 
 
-def chain_tree(root_token: int, lookup: Sequence[int]) -> VerifyTree:
-    """The root and a lookup branch as one chain of grafted nodes (what `graft` makes of it on a root alone),
-    built on the host directly."""
+def lookup_tree(root_token: int, lookup: Sequence[int]) -> VerifyTree:
+    """The root and the lookup branch as one chain of grafted nodes, no drafter node (what `graft` makes of it on
+    a root alone), built on the host directly: a step verifying the lookup branch alone, or the root alone."""
     length = len(lookup)
     return _renumber(list(range(length + 1)), [root_token, *lookup], list(range(-1, length)), list(range(length + 1)),
                      [0.0] * (length + 1), [False] + [True] * length)
