@@ -149,7 +149,7 @@ def speculative_greedy(case: Case) -> tuple[torch.Tensor, list[str]]:
     """Speculative output of `case`, and the invariant violations seen at each step (cache, walk)."""
     target, drafter = models(case.vocab_size, case.model_seed)
     problems: list[str] = []
-    original_step, original_walk = decoding.speculative_step, verifier.walk_tree
+    original_step, original_walk = decoding.speculative_step, verifier.walk_trees
 
     def step_spy(target_, batch) -> None:
         original_step(target_, batch)
@@ -159,10 +159,11 @@ def speculative_greedy(case: Case) -> tuple[torch.Tensor, list[str]]:
             if not length == seq_len - 1 == read:
                 problems.append(f"cache lengths target={length} drafter={read} sequence={seq_len}")
 
-    def walk_spy(tree, *args, **kwargs) -> WalkResult:
-        result = original_walk(tree, *args, **kwargs)
-        problems.extend(root_path_problems(tree, result))
-        return result
+    def walk_spy(trees, *args, **kwargs) -> list[WalkResult]:
+        results = original_walk(trees, *args, **kwargs)
+        for tree, result in zip(trees, results):
+            problems.extend(root_path_problems(tree, result))
+        return results
 
     config = DynaSpecGenerationConfig(
         tree_policy=case.policy, num_draft_nodes=case.nodes, draft_depth=case.depth, draft_top_k=case.top_k,
@@ -172,7 +173,7 @@ def speculative_greedy(case: Case) -> tuple[torch.Tensor, list[str]]:
     )
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(decoding, "speculative_step", step_spy))
-        stack.enter_context(mock.patch.object(verifier, "walk_tree", walk_spy))
+        stack.enter_context(mock.patch.object(verifier, "walk_trees", walk_spy))
         if case.oracle:
             stack.enter_context(mock.patch.object(decoding, "DynaSpecCandidateGenerator", OracleCandidateGenerator))
         out = target.generate(case_prompt(case), generation_config=config, assistant_model=drafter)

@@ -90,7 +90,7 @@ def test_sampling_stays_lossless_per_row_with_num_return_sequences():
             counts[row // 2, 1, x3] += 1
         accepted += out.speculative_stats.accepted_tokens - out.speculative_stats.steps
         from_lookup += out.speculative_stats.lookup_tokens
-    assert accepted > 120 and from_lookup > 60, "the sampler's draft paths were not exercised"
+    assert accepted > 120 and from_lookup > 30, "the sampler's draft paths were not exercised"
     for index, text in enumerate(prompts):
         p2, p3 = exact_marginals(target, text, LogitsProcessorList())
         assert chi_square(counts[index, 0], p2) < CHI2_999_DF7

@@ -44,18 +44,23 @@ def test_unknown_logit_post_processing_is_detected():
 
 @pytest.mark.parametrize("walk_logits,layout", [(True, "rows"), (True, "columns"), (False, "rows")])
 def test_both_logit_paths_are_exact(target, drafter, walk_logits, layout, monkeypatch):
-    on_demand = []
-    original = verify.NodeLogits.row
+    reads, made = [], []
+    original_row, original_filled = verify.NodeLogits.row, verify.NodeLogits.filled
 
     def counting_row(self, node):
-        on_demand.append(node not in self.rows)
-        return original(self, node)
+        reads.append(node)
+        return original_row(self, node)
+
+    def counting_filled(self, nodes, rows):
+        made.append(len(nodes))
+        return original_filled(self, nodes, rows)
 
     monkeypatch.setattr(WalkHead, "reproduces", lambda *args: walk_logits)
     # rows past the second: on demand
     monkeypatch.setattr(calibration, "measure_walk_head",
                         lambda target, layouts, batch: WalkHead.of(target, 2, layout))
     monkeypatch.setattr(verify.NodeLogits, "row", counting_row)
+    monkeypatch.setattr(verify.NodeLogits, "filled", counting_filled)
     ids = prompt(7, seed=4)
     config = DynaSpecGenerationConfig(tree_policy="eagle2", num_draft_nodes=10, draft_depth=4, draft_top_k=3,
                                       max_new_tokens=30, do_sample=False, return_dict_in_generate=True,
@@ -63,13 +68,15 @@ def test_both_logit_paths_are_exact(target, drafter, walk_logits, layout, monkey
     out = target.generate(ids, generation_config=config, assistant_model=drafter)
     assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=30))
     stats = out.speculative_stats
-    # walking: one row per emitted token, the root's (and the likeliest walk's) from the forward pass, others on
-    # demand; else every row precomputed and, greedy without processors, every node's argmax read at once
+    # walking: one row read per emitted token, the root's (and the likeliest walk's) from the forward pass, others
+    # made on demand, two at a time (the node and its likely child); else every row precomputed and, greedy without
+    # processors, every node's argmax read at once
     if walk_logits:
-        assert len(on_demand) == stats.accepted_tokens
-        assert 0 < sum(on_demand) <= stats.accepted_tokens - stats.steps
+        assert len(reads) == stats.accepted_tokens
+        assert made and set(made) <= {1, 2}
+        assert len(made) <= stats.accepted_tokens - stats.steps  # a walk reaching past its rows made them
     else:
-        assert on_demand == []
+        assert reads == [] and made == []
 
 
 @pytest.mark.parametrize("layout", ["rows", "columns"])

@@ -26,7 +26,9 @@ from transformers import DynamicCache
 from ..generation_config import DraftSettings
 from . import measured
 from .cache import KeyLayout, crop_cache
+from .head_times import HeadTimes
 from .policy import VerifyCosts, are_positive_costs, batch_bucket
+from .syncs import synchronize
 from .tree import lookup_tree
 from .verifier import Verifier
 from .walk_head import HEADS, LAYOUTS, WalkHead, choose_walk_head, head_class
@@ -44,6 +46,7 @@ COLUMNS_MARGIN = 0.9  # the "columns" layout's weight copy must make the walk at
 _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {setting: costs}
 _WALK_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {setting: WalkHead}
 _LAYOUT_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {(layout, weights): WalkHead}
+_HEAD_TIMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {(layout, threads): HeadTimes}
 
 
 @torch.no_grad()
@@ -137,6 +140,19 @@ def layout_head(target: torch.nn.Module, layout: str) -> WalkHead:
     return heads[(layout, weights)]
 
 
+def head_times(target: torch.nn.Module, walk_head: WalkHead | None) -> HeadTimes | None:
+    """The seconds of `walk_head` over r gathered rows (`head_times.HeadTimes`: each grid count timed when first
+    asked, kept on disk), one per target, layout and thread count; None without a walk head or for a layout that
+    makes greedy picks (its cost depends on the rows' values)."""
+    if walk_head is None or walk_head.greedy_only:
+        return None
+    memo = _HEAD_TIMES.setdefault(target, {})
+    key = (walk_head.layout, torch.get_num_threads())
+    if key not in memo:
+        memo[key] = HeadTimes.of(target, walk_head)
+    return memo[key]
+
+
 def measured_walk_heads(target: torch.nn.Module) -> list[str]:
     """The walk heads measured for `target` in this process, as "layout (r rows at once; of the layouts timed)"."""
     return [f"{head.layout} ({head.rows} rows at once; " + (f"of {' / '.join(head.seconds)})" if head.seconds
@@ -149,10 +165,10 @@ def _median_seconds(fn, repeats: int, device: torch.device, after=None) -> float
     after each one (e.g. cropping a cache back)."""
     times = []
     for _ in range(repeats):
-        _synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         fn()
-        _synchronize(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
         if after is not None:
             after()
@@ -174,7 +190,8 @@ def time_forward(
     device = target.device
     tokens = torch.randint(0, target.config.get_text_config().vocab_size, (n,)).tolist()
     trees = [lookup_tree(tokens[0], tokens[1:])] * batch  # a chain of n nodes per row
-    verifier = Verifier(target, cache, KeyLayout.dense(batch, context, device), walk_head)
+    verifier = Verifier(target, cache, KeyLayout.dense(batch, context, device), walk_head,
+                        head_times=head_times(target, walk_head))
     walk_rows = verifier.walk_rows(trees)
     greedy_rows = walk_head is not None and walk_head.greedy_only
     picks_seconds = batch * greedy_pick_seconds(target, walk_head, len(walk_rows[0]), repeats) if greedy_rows else 0.0
@@ -289,11 +306,6 @@ def step_costs(settings: DraftSettings, target: torch.nn.Module, walk_head: Walk
         return None
     largest = 1 + settings.num_draft_nodes + settings.lookup_num_tokens
     return measure_verify_costs(target, min(largest, MAX_MEASURED), walk_head, batch_bucket(batch))
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type != "cpu" and hasattr(torch, "accelerator"):
-        torch.accelerator.synchronize(device)
 
 
 def walk_head_for(target: torch.nn.Module, wanted: str, greedy_only: bool, hidden: torch.Tensor, raw: torch.Tensor,

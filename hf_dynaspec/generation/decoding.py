@@ -34,7 +34,7 @@ from ..generation_config import DraftSettings, resolve_draft_settings
 from ..modeling import DynaSpecDrafter
 from ..target_states import hidden_state_request, select_hidden_states
 from .cache import KeyLayout
-from .calibration import step_costs, walk_head_for
+from .calibration import head_times, step_costs, walk_head_for
 from .candidates import DynaSpecCandidateGenerator
 from .learned import keep_policy, start_policy
 from .lockstep import catch_up_together, draft_together, drafts_together
@@ -219,8 +219,9 @@ def prefill(target: torch.nn.Module, rows: list[_Run], ids: torch.LongTensor, at
     with stats.timer("setup"):  # measured once per target shape and machine (kept on disk), then memoised
         walk_head = walk_head_for(target, settings.verify_head, greedy_only, out.hidden_states[-1][0, -1:], raw[:1],
                                   len(rows))
+        times = head_times(target, walk_head) if len(rows) > 1 else None  # one row: its walk rows, as calibrated
     verifier = Verifier(target, cache, keys, walk_head, tuple(feature_layers), rows[0].logits_processor,
-                        bool(config.do_sample), rows[0].keep_scores)
+                        bool(config.do_sample), rows[0].keep_scores, times)
     all_features = select_hidden_states(out.hidden_states, feature_layers)  # (B, T', k * d)
     features = []
     with stats.timer("prefill", target.device):

@@ -1,4 +1,5 @@
-"""Count host synchronisations: the places where Python reads a tensor's value, which on CUDA wait for the GPU.
+"""Host synchronisations: `synchronize` waits for a device's queued work (timing needs it); `HostSyncCounter` counts
+the places where Python reads a tensor's value, which on CUDA wait for the GPU.
 
 `HostSyncCounter` is a `TorchFunctionMode` that counts, by name, the conversions of tensors to Python values
 (`.item()`, `.tolist()`, `int(t)`, `bool(t)`, `float(t)`, indexing a Python list with a tensor) and the ops whose
@@ -16,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import torch
 from torch.overrides import TorchFunctionMode
 
 # Tensor -> Python conversions, and ops whose result size depends on tensor values (both wait on CUDA)
@@ -41,3 +43,9 @@ class HostSyncCounter(TorchFunctionMode):
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for `device`'s queued work (a no-op on the CPU), so that a wall-clock timing measures work done."""
+    if device.type != "cpu" and hasattr(torch, "accelerator"):
+        torch.accelerator.synchronize(device)

@@ -10,8 +10,9 @@ The LM head's layout is chosen by `calibration.walk_head_for`. `verify` pads the
 length + depth (B, N), and a 4D mask per row (B, 1, N, K + N): a node sees its row's real cached keys
 (`cache.KeyLayout`: left padding and earlier steps' holes masked) and its own ancestors; a padding node sees
 itself only. On a CPU the LM head is applied along each row's likeliest walk only (`WalkHead`; for a batch, one
-head call over every row's walk rows gathered), the rest on demand (`verify.NodeLogits`). Each row is then
-walked (`verify.walk_tree`) with its own sequence, so processors and sampling act per row as in plain decoding.
+head call over every row's walk rows gathered), the rest on demand (`verify.NodeLogits`). The rows are then
+walked together (`verify.walk_trees`: the rows a walk reaches past their computed ones are made in one head call for
+all the rows waiting), each with its own sequence, so processors and sampling act per row as in plain decoding.
 `forward` is the target call alone: calibration times it, so the costs the step policy plans with are those of
 this forward (`calibration.time_forward`).
 
@@ -29,8 +30,9 @@ from transformers.generation.logits_process import LogitsProcessorList
 from ..masks import target_masks
 from ..target_states import hidden_state_request, select_hidden_states
 from .cache import KeyLayout, keep_paths, keep_rows
+from .head_times import HeadTimes, pad_rows
 from .tree import VerifyTree
-from .verify import NodeLogits, WalkResult, likely_walk, walk_tree
+from .verify import NodeLogits, WalkResult, likely_walk, walk_trees
 from .walk_head import WalkHead
 
 
@@ -46,6 +48,9 @@ class Verifier:
     logits_processor: LogitsProcessorList | None = None
     do_sample: bool = False
     keep_scores: bool = False
+    # seconds of the walk head over r gathered rows (`head_times.HeadTimes`): a batch computes every node's logits
+    # where that costs no more than its walk rows alone (None: the walk rows)
+    head_times: HeadTimes | None = None
 
     @property
     def batch_size(self) -> int:
@@ -83,8 +88,12 @@ class Verifier:
         if len(trees) == 1:
             known, picks = self.walk_head.walk(out, walk_rows[0])
             return [NodeLogits(hidden[0], self.walk_head, known, picks=picks)]
-        gathered = torch.cat([hidden[b, rows] for b, rows in enumerate(walk_rows)])  # (sum r_b, d)
-        made = self.walk_head.apply(gathered)  # logits (sum r_b, V), or picks (sum r_b ids) in a greedy layout
+        gathered = torch.cat([hidden[b, rows] for b, rows in enumerate(walk_rows)])  # (R, d), R = sum r_b
+        if self.head_times is not None:  # at the row count timed cheapest (zero rows added, then dropped)
+            size = self.head_times.padded(gathered.shape[0])
+            made = self.walk_head.apply(pad_rows(gathered, size))[: gathered.shape[0]]  # logits (R, V)
+        else:
+            made = self.walk_head.apply(gathered)  # logits (R, V), or picks (R ids) in a greedy layout
         result, start = [], 0
         for b, rows in enumerate(walk_rows):
             known, picks = self.walk_head.split(rows, made[start : start + len(rows)])
@@ -93,9 +102,17 @@ class Verifier:
         return result
 
     def walk_rows(self, trees: list[VerifyTree]) -> list[list[int]]:
-        """Per row, the nodes whose logits the pass computes at once (`verify.likely_walk`; none without a walk
-        head: every node's)."""
-        return [likely_walk(t, self.walk_head.rows) if self.walk_head else [] for t in trees]
+        """Per row, the nodes whose logits the pass computes at once: its likeliest walk (`verify.likely_walk`),
+        or, for a batch whose head application over every node costs no more than over those walks
+        (`head_times`), every node (no row is then made on demand); none without a walk head (every node's)."""
+        if self.walk_head is None:
+            return [[] for _ in trees]
+        walks = [likely_walk(t, self.walk_head.rows) for t in trees]
+        if self.head_times is not None and len(trees) > 1:
+            every = sum(t.num_nodes for t in trees)
+            if self.head_times(every) <= self.head_times(sum(len(w) for w in walks)):
+                return [list(range(t.num_nodes)) for t in trees]
+        return walks
 
     def verify(self, trees: list[VerifyTree], sequences: list[torch.LongTensor]
                ) -> tuple[list[WalkResult], list[torch.Tensor]]:
@@ -107,8 +124,7 @@ class Verifier:
         logits = self.node_logits(out, trees, walk_rows)
         features = select_hidden_states(out.hidden_states, list(self.feature_layers))  # (B, N, k * d)
         processors = self.logits_processor if self.logits_processor is not None else LogitsProcessorList()
-        walks = [walk_tree(t, logits[b], sequences[b], processors, self.do_sample, self.keep_scores)
-                 for b, t in enumerate(trees)]
+        walks = walk_trees(trees, logits, sequences, processors, self.do_sample, self.keep_scores)
         return walks, [features[b, : t.num_nodes] for b, t in enumerate(trees)]
 
     def commit(self, paths: list[list[int]]) -> None:

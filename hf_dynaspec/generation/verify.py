@@ -6,20 +6,24 @@ Here is what each row's walk needs from that pass:
   computes logits only for the likeliest walk (`likely_walk`: the root and its chain of best children, r nodes;
   r and the head's weight layout measured on this machine by `calibration.measure_walk_head`: on CPU a few rows
   often cost one, since BLAS streams the head's weights once for them); the same head is applied to any other
-  node's final hidden state when the walk reaches it. So a step pays for about one head pass instead of n rows
-  (on CPU the head is ~20% of SmolLM2's weights and its cost grows with rows). Plain greedy may take the
-  "prefilter" head, which gives each walk row's exact pick without its logits (`prefilter.py`).
-- `walk_tree`: from the root, the target picks the next token with the user's logits processors applied to
+  node's final hidden state when the walk reaches it (`fill_together`: the node and its likely chain below, r
+  rows). So a step pays for about one head pass instead of n rows (on CPU the head is ~20% of SmolLM2's weights
+  and 63% of Gemma 3 270M's, and its cost grows with rows). Plain greedy may take the "prefilter" head, which
+  gives each walk row's exact pick without its logits (`prefilter.py`).
+- `walk_steps`: from the root, the target picks the next token with the user's logits processors applied to
   its logits at that node (greedy: argmax; sampling: see `_sample_child`), and the walk follows the child
   drafting that token. The last pick is the bonus token. So the output is the target's own choice at every
-  position: greedy output equals plain greedy, sampling keeps the target's distribution.
+  position: greedy output equals plain greedy, sampling keeps the target's distribution. A walk is a generator
+  that yields each node it must read and cannot yet; `walk_trees` walks a batch's rows together, so the rows
+  that stop at such a node get it from one head application for all of them (B rows cost about one GEMM, not
+  B GEMVs one after another); `walk_tree` walks one row.
 
     python -m pytest tests/test_generate.py -q
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import torch
@@ -60,6 +64,16 @@ class NodeLogits:
         """Every row known: logits (n, V)."""
         return cls(hidden=None, head=None, rows={}, full=logits)
 
+    def known(self, node: int, greedy: bool) -> bool:
+        """Whether the walk can read `node` (its logits; `greedy`: its pick) without applying the head."""
+        return self.full is not None or node in self.rows or (greedy and node in self.picks)
+
+    def filled(self, nodes: list[int], made) -> None:
+        """Keep what the head made (`WalkHead.apply`) of the final hidden states of `nodes`."""
+        rows, picks = self.head.split(nodes, made)
+        self.rows.update(rows)
+        self.picks.update(picks)
+
     def argmax_all(self) -> list[int] | None:
         """Every node's argmax, read on the host in one transfer (None when rows are made on demand)."""
         return None if self.full is None else self.full.argmax(dim=-1).tolist()
@@ -82,12 +96,16 @@ class NodeLogits:
         return self.rows[node]
 
 
-def likely_walk(tree: VerifyTree, length: int) -> list[int]:
-    """The root and the chain of first children below it (each node's best-scored child), `length` at most."""
-    path = [0]
+def likely_walk(tree: VerifyTree, length: int, start: int = 0) -> list[int]:
+    """`start` (the root by default) and the chain of first children below it (each node's best-scored child),
+    `length` at most."""
+    path = [start]
     while len(path) < length and tree.children[path[-1]]:
         path.append(tree.children[path[-1]][0])
     return path
+
+
+Walk = Generator[int, None, WalkResult]  # yields the nodes it must read and cannot yet; returns the walk
 
 
 def walk_tree(
@@ -98,23 +116,83 @@ def walk_tree(
     do_sample: bool,
     keep_scores: bool = False,
 ) -> WalkResult:
+    """One row's walk (`walk_steps`), its rows made on demand. logits: a `NodeLogits`, or every node's (n, V)."""
+    if isinstance(logits, torch.Tensor):
+        logits = NodeLogits.from_tensor(logits)
+    return walk_trees([tree], [logits], [input_ids], logits_processor, do_sample, keep_scores)[0]
+
+
+def walk_trees(
+    trees: list[VerifyTree],
+    logits: list[NodeLogits],
+    sequences: list[torch.LongTensor],
+    logits_processor: LogitsProcessorList,
+    do_sample: bool,
+    keep_scores: bool = False,
+) -> list[WalkResult]:
+    """Every row's walk (`walk_steps`), in rounds: each row walks until it ends or needs a node its
+    `NodeLogits` lacks; those nodes are made in one head application for all the rows waiting
+    (`fill_together`), and the waiting rows go on. Rows are advanced in order, so a row's random draws (sampling)
+    come in the same order as when it walks alone."""
+    walks = [walk_steps(t, lg, seq, logits_processor, do_sample, keep_scores)
+             for t, lg, seq in zip(trees, logits, sequences)]
+    results: list[WalkResult | None] = [None] * len(walks)
+    waiting: dict[int, int] = {}
+    for b, walk in enumerate(walks):
+        _advance(b, walk, None, waiting, results)
+    while waiting:
+        wanted = {b: likely_walk(trees[b], logits[b].head.rows, start=node) for b, node in waiting.items()}
+        fill_together([logits[b] for b in wanted], list(wanted.values()))
+        for b in list(wanted):
+            _advance(b, walks[b], waiting.pop(b), waiting, results)
+    return results
+
+
+def _advance(b: int, walk: Walk, node: int | None, waiting: dict[int, int], results: list) -> None:
+    """Resume row `b`'s walk (first call: start it) until it ends (its result kept) or waits on a node."""
+    try:
+        waiting[b] = next(walk) if node is None else walk.send(None)
+    except StopIteration as done:
+        results[b] = done.value
+
+
+def fill_together(logits: list[NodeLogits], nodes: list[list[int]]) -> None:
+    """Make the head's output for `nodes[k]` of row k's `NodeLogits`, for every row in one application of their
+    (shared) head to the rows' final hidden states gathered."""
+    head = logits[0].head
+    gathered = torch.cat([lg.hidden[rows] for lg, rows in zip(logits, nodes)])  # (sum r_k, d)
+    made = head.apply(gathered)  # logits (sum r_k, V), or picks in a greedy layout
+    start = 0
+    for lg, rows in zip(logits, nodes):
+        lg.filled(rows, made[start : start + len(rows)])
+        start += len(rows)
+
+
+def walk_steps(
+    tree: VerifyTree,
+    logits: NodeLogits,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    do_sample: bool,
+    keep_scores: bool = False,
+) -> Walk:
     """Accept the longest root path the target agrees with, plus the target's bonus token.
 
-    logits: raw target logits at the tree nodes (`NodeLogits`, or a tensor (n, V)); input_ids: (1, L + 1) the committed sequence, root last.
+    logits: raw target logits at the tree nodes; input_ids: (1, L + 1) the committed sequence, root last. Before
+    reading a node that `logits` lacks, the walk yields it (the caller makes it known: `fill_together`).
     Logits processors see the exact prefix of each position (committed sequence + accepted path), as in
     plain decoding; they run only along the walk (at most depth + 1 times).
     """
-    if isinstance(logits, torch.Tensor):
-        logits = NodeLogits.from_tensor(logits)
     if not do_sample and not len(logits_processor) and not keep_scores:  # plain greedy: picks, no logits needed
-        choices = logits.argmax_all()  # every node's pick in one host read when all rows were computed
-        return _greedy_walk(tree, logits.choice if choices is None else choices.__getitem__)
+        return (yield from _greedy_walk(tree, logits))
     result = WalkResult(path=[0], new_tokens=[])
     node = 0
     while True:
         path_tokens = torch.tensor([tree.token_list[i] for i in result.path[1:]], dtype=torch.long,
                                    device=input_ids.device)
         prefix = torch.cat([input_ids, path_tokens[None]], dim=-1)  # (1, L + 1 + depth)
+        if not logits.known(node, greedy=False):
+            yield node
         raw = logits.row(node)  # (1, V)
         scores = logits_processor(prefix, raw.clone()) if len(logits_processor) else raw
         if keep_scores:
@@ -133,12 +211,16 @@ def walk_tree(
         result.path.append(node)
 
 
-def _greedy_walk(tree: VerifyTree, choice: Callable[[int], int]) -> WalkResult:
-    """The greedy walk from each node's target argmax `choice(node)`: follow the child drafting it."""
+def _greedy_walk(tree: VerifyTree, logits: NodeLogits) -> Walk:
+    """The greedy walk from each node's target argmax: follow the child drafting it (every node's pick read at
+    once when all rows were computed)."""
+    choices = logits.argmax_all()
     result = WalkResult(path=[0], new_tokens=[])
     node = 0
     while True:
-        token = choice(node)
+        if choices is None and not logits.known(node, greedy=True):
+            yield node
+        token = logits.choice(node) if choices is None else choices[node]
         result.new_tokens.append(token)
         match = [c for c in tree.children[node] if tree.token_list[c] == token]
         if not match:
