@@ -246,8 +246,8 @@ def _stored_or_timed_costs(target: torch.nn.Module, max_tokens: int, walk_head: 
     keys = {quick: measured.measurement_key(target, "verify_costs", dict(
         max_tokens=max_tokens, walk=walk, context=CALIBRATION_CONTEXT,
         repeats=QUICK_REPEATS if quick else CALIBRATION_REPEATS, quick=quick,
-        greedy_picks="timed apart", **({"batch": batch} if batch > 1 else {})))
-        for quick in (False, True)}  # how "prefilter" rows enter c(n) (`time_forward`)
+        greedy_picks="timed apart", **({"batch": batch, "rows_read": "walk or every node"} if batch > 1 else {})))
+        for quick in (False, True)}  # how "prefilter" rows enter c(n) (`time_forward`); which rows a batch reads
     for quick in (False, True):
         stored = measured.load(keys[quick])
         if are_positive_costs(stored) and len(stored) == max_tokens:
