@@ -28,9 +28,10 @@ def fake_times(target, seconds: dict[int, float]) -> HeadTimes:
 def test_grid_and_padding(target):
     assert [grid_rows(r) for r in (1, 5, 13, 33, 600)] == [1, 6, 16, 48, 600]
     assert list(ROW_GRID) == sorted(ROW_GRID)
-    times = fake_times(target, {6: 3.0, 8: 2.0, 12: 1.0, 16: 0.5, 24: 0.4, 32: 0.3})
-    assert times.padded(6) == 12  # the cheapest of 6, 8, 12 (at most twice the rows)
-    assert times.padded(8) == 16 and times(8) == 0.5
+    times = fake_times(target, {3: 3.5, 4: 3.0, 6: 3.0, 8: 2.0, 12: 1.0, 16: 1.5, 24: 0.4, 32: 0.3, 48: 0.2})
+    assert times.padded(3) == 12  # the cheapest of 3 .. 16 (a few rows: up to 16)
+    assert times.padded(12) == 24 and times(12) == 0.4  # the cheapest of 12 .. 24 (at most twice the rows)
+    assert times.padded(24) == 48
     assert times(0) == 0.0
     head = WalkHead.of(target, 3)
     hidden = torch.randn(5, target.config.hidden_size)
@@ -91,8 +92,8 @@ def test_head_times_are_kept_on_disk(target, tmp_path, monkeypatch):
     head = WalkHead.of(target, 3)
     first = HeadTimes.of(target, head)
     assert first.seconds == {}
-    seconds = first(5)  # times 6 and 8 rows (the grid from 5 to 10 rows), pads to the cheaper
-    assert set(first.seconds) == {6, 8} and seconds == min(first.seconds.values()) > 0
+    seconds = first(5)  # times the grid from 5 to 16 rows, pads to the cheapest
+    assert set(first.seconds) == {6, 8, 12, 16} and seconds == min(first.seconds.values()) > 0
     again = HeadTimes.of(target, head)  # the next process
     again._time = lambda size: pytest.fail("timed again although stored")
     assert again.seconds == first.seconds and again(5) == seconds

@@ -5,7 +5,7 @@ A batch verifies B trees in one pass and then applies the head to the rows the w
 (`verifier.Verifier.node_logits`). How much r rows cost is the BLAS's business, and it is not linear, nor even
 monotone, in r: with a 262,144 x 640 head one Intel Xeon took longer for 8 or 12 rows than for 16 or 32 (its GEMM
 picks another kernel past a row count). So the rows of a batch are padded with zero rows to the cheapest count of
-`ROW_GRID` between r and 2 r (`HeadTimes.padded`, `pad_rows`), each grid count is timed the first time a batch needs
+`ROW_GRID` between r and max(2 r, 16) (`HeadTimes.padded`, `pad_rows`), each grid count is timed the first time a batch needs
 it (three applications on random hidden states, the faster two's mean), and the verifier computes every node's
 logits when that costs no more than the walk rows alone (then no walk row is ever made on demand:
 `verify.walk_trees`). The timings are kept on disk per target shape, layout and machine (`measured`), as
@@ -27,6 +27,7 @@ from .walk_head import WalkHead
 
 ROW_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 HEAD_REPEATS = 3  # timed applications per grid count (after one untimed)
+SMALL_ROWS = 16  # a few rows may be padded up to this many (BLAS kernels change at small row counts)
 
 
 def grid_rows(rows: int) -> int:
@@ -67,8 +68,8 @@ class HeadTimes:
 
     def padded(self, rows: int) -> int:
         """The row count to apply the head at for `rows` rows: the cheapest grid count from grid_rows(rows) to
-        2 rows (each timed when first asked)."""
-        sizes = [size for size in ROW_GRID if rows <= size <= 2 * rows] or [grid_rows(rows)]
+        max(2 rows, `SMALL_ROWS`) (each timed when first asked: a few rows may cost more than 16)."""
+        sizes = [size for size in ROW_GRID if rows <= size <= max(2 * rows, SMALL_ROWS)] or [grid_rows(rows)]
         return min(sizes, key=lambda size: (self.timed(size), size))
 
     def timed(self, size: int) -> float:
