@@ -171,3 +171,49 @@ def test_columns_layout_keeps_the_bias_and_the_soft_cap():
     torch.testing.assert_close(head(hidden), WalkHead.of(model)(hidden), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="layout"):
         WalkHead.of(model, layout="diagonal")
+
+
+def chain_tree(tokens: list[int], branch: int) -> tuple:
+    """A tree: the root, a chain of `tokens`, and a second child `branch` of the root (its children ordered
+    best first, the chain first)."""
+    pool = TreePool.empty(len(tokens) + 1, len(tokens) + 2)
+    parent = 0
+    for depth, token in enumerate(tokens):
+        parent = pool.add(token, parent, -0.1 * (depth + 1))
+    pool.add(branch, 0, -2.0)
+    return compact(pool, pool.mask(range(len(tokens) + 2)))
+
+
+@pytest.mark.parametrize("processors", [False, True])
+def test_rows_walk_together_and_equal_their_walks_on_full_logits(target, processors):
+    """Rows whose walks reach past their computed rows wait and get them in one head call per round
+    (`verify.walk_trees`); each row's walk equals its walk on every node's logits."""
+    from transformers.generation.logits_process import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+
+    head = WalkHead.of(target, 2)
+    torch.manual_seed(3)
+    trees, full, partial, sequences = [], [], [], []
+    for row in range(3):
+        hidden = torch.randn(6, target.config.hidden_size)  # (n, d) a tree of 6 nodes
+        with torch.no_grad():
+            logits = head(hidden)  # (n, V)
+        picks = logits.argmax(dim=-1).tolist()
+        # the root's pick drafted first (accepted unless a processor changes the pick), then likely misses
+        chain = [picks[0]] + [0] * 3
+        tree = chain_tree(chain, branch=(picks[0] + 1) % target.config.vocab_size)
+        order = tree.token_list  # node ids follow the pool's order: root, chain, branch
+        trees.append(tree)
+        full.append(logits[: tree.num_nodes])
+        partial.append(verify.NodeLogits(hidden[: tree.num_nodes], head, {0: logits[0:1]}))
+        sequences.append(torch.tensor([[order[0]]]))
+    rounds = []
+    original = verify.fill_together
+    verify.fill_together = lambda logits, nodes: (rounds.append(len(nodes)), original(logits, nodes))[1]
+    try:
+        chosen = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.3)] if processors else [])
+        together = verify.walk_trees(trees, partial, sequences, chosen, do_sample=False)
+    finally:
+        verify.fill_together = original
+    alone = [verify.walk_tree(t, f, s, chosen, False) for t, f, s in zip(trees, full, sequences)]
+    assert [(w.path, w.new_tokens) for w in together] == [(w.path, w.new_tokens) for w in alone]
+    assert rounds and rounds[0] == sum(len(w.path) > 1 for w in alone)  # every row that went on waited in round 1
