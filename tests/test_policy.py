@@ -114,6 +114,21 @@ def test_calibration_counts_the_children_of_the_accepted_path_per_depth():
     assert calibration.kappa(2) == pytest.approx(2.0 / 1.9)  # no drafter node tested at depth 2: depth 1's
 
 
+def test_calibration_weights_recent_steps_and_ignores_a_root_alone():
+    """A sequence whose drafts were all accepted, then all rejected: the rate follows the recent steps (decay
+    0.85), where pooled counts (decay 1) would sit halfway; a step verifying the root alone changes nothing."""
+    recent, pooled = Calibration(), Calibration(decay=1.0)
+    tree = small_tree()
+    for path in [[0, 2]] * 20 + [[0]] * 20:  # b accepted, then nothing
+        recent.update(tree, path)
+        pooled.update(tree, path)
+    assert recent.kappa(1) < 0.2 and 0.4 < pooled.kappa(1) < 0.6  # the prior (kappa = 1, worth one) remains
+    before = (dict(recent.drafted_expected), dict(recent.drafted_accepted))
+    recent.update(lookup_tree(3, []), [0])
+    assert (recent.drafted_expected, recent.drafted_accepted) == before
+    assert recent.carried().decay == recent.decay
+
+
 def test_a_carried_calibration_keeps_its_rates_with_a_bounded_weight():
     calibration = Calibration(drafted_expected={1: 200.0, 2: 3.0}, drafted_accepted={1: 150.0, 2: 3.0},
                               lookup_tested={1: 500.0}, lookup_accepted={1: 400.0})

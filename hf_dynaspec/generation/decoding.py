@@ -150,10 +150,10 @@ def speculative_decode(
             with counting_host_reads(target, stats, settings.count_host_reads):
                 while batch.running:
                     speculative_step(target, batch)
-            policies = [row.policy for row in rows if row.policy is not None]
-            if policies:  # the policy of the row that decoded longest: the most it learned
-                longest = max(policies, key=lambda p: sum(p.calibration.drafted_expected.values()))
-                keep_policy(drafter, target, policy_key(settings, generation_config), longest)
+            decoded = [row for row in rows if row.policy is not None]
+            if decoded:  # the policy of the row that took the most steps: the most it learned
+                longest = max(decoded, key=lambda row: row.stats.steps)
+                keep_policy(drafter, target, policy_key(settings, generation_config), longest.policy)
     if streamer is not None:
         streamer.end()
     return build_output(batch, generation_config)

@@ -12,7 +12,8 @@ every kind of step pays it, a plain one too), and emits on average
 tokens (the 1: the target's own token after the last accepted one). p_i estimates the chance that the target
 picks node i's token once the walk reaches its parent: min(1, kappa_d * q_i) for a drafter node at depth d (q_i
 its draft probability given the parent, kappa_d the drafter's calibration at that depth on this sequence so
-far) and rho_d for a lookup node (the lookup branch's acceptance rate at depth d so far). The policy maximises
+far, its recent steps weighted most: `Calibration`) and rho_d for a lookup node (the lookup branch's acceptance
+rate at depth d so far, likewise). The policy maximises
 expected tokens per unit of cost, E / (c + w + o), over three kinds of step:
 
 - plain: the root alone, rate 1 / (c(1) + o) = 1 / (1 + o); the drafter reads the accepted tokens when it next
@@ -65,6 +66,7 @@ PROBE_EVERY = 8  # undrafted steps in a row before a drafted step refreshes the 
 MIN_SEEN = 3  # verifications of one size before their seconds correct the measured cost of that size
 DECAY = 0.8  # weight of the old value in the running means of costs and per-depth profiles
 CARRY_WEIGHT = 64.0  # tested nodes per depth that an earlier call's calibration is worth in the next call
+CALIBRATION_DECAY = 0.85  # weight of the counts so far at each step that tests drafts (a sequence's acceptance drifts)
 
 
 def batch_bucket(batch: int) -> int:
@@ -103,12 +105,19 @@ class Calibration:
     """Per depth d (1-based): drafter nodes tested (sum of q) and accepted -> kappa_d; lookup nodes tested and
     accepted -> rho_d. Each depth's prior is the depth above's estimate (kappa_0 = 1: trust q, worth one
     observation; rho_0 = 1/2, worth two): a depth seldom reached starts from the rate of the one above it, not
-    from a fixed guess that a long accepted chain would contradict at every depth."""
+    from a fixed guess that a long accepted chain would contradict at every depth.
+
+    The counts are weighted toward the sequence's recent steps: before each step that tests drafts, the counts so
+    far are multiplied by `decay` (an exponential memory of about 1 / (1 - decay) such steps). How often the target
+    agrees with the drafter drifts along a sequence (a list, a repeated passage, a change of subject): rates pooled
+    over the whole sequence mispredict a run's accepted length by far more than recent ones (replays of logged
+    steps per decay: `benchmarks/calibration_replay.py`, benchmarks/results/cpu-smollm2-calibration-replay)."""
 
     drafted_expected: dict[int, float] = field(default_factory=dict)
     drafted_accepted: dict[int, float] = field(default_factory=dict)
     lookup_tested: dict[int, float] = field(default_factory=dict)
     lookup_accepted: dict[int, float] = field(default_factory=dict)
+    decay: float = CALIBRATION_DECAY
 
     def kappa(self, depth: int) -> float:
         return shrunk_rate(self.drafted_accepted, self.drafted_expected, depth, prior=1.0, weight=1.0)
@@ -117,7 +126,13 @@ class Calibration:
         return shrunk_rate(self.lookup_accepted, self.lookup_tested, depth, prior=0.5, weight=2.0)
 
     def update(self, tree: VerifyTree, path: Sequence[int]) -> None:
-        """Count the nodes whose parent is on the accepted `path`: each was tested by the target."""
+        """Count the nodes whose parent is on the accepted `path`: each was tested by the target (the counts so
+        far weighted by `decay` first; a root alone tests nothing and changes nothing)."""
+        if tree.num_nodes == 1:
+            return
+        for counts in (self.drafted_expected, self.drafted_accepted, self.lookup_tested, self.lookup_accepted):
+            for depth in counts:
+                counts[depth] *= self.decay
         on_path = set(path)
         q = conditional_draft_probs(tree)
         for node in range(1, tree.num_nodes):
@@ -138,7 +153,7 @@ class Calibration:
                     {d: h * factor.get(d, 1.0) for d, h in hits.items()})
         drafted = scaled(self.drafted_expected, self.drafted_accepted)
         lookup = scaled(self.lookup_tested, self.lookup_accepted)
-        return Calibration(*drafted, *lookup)
+        return Calibration(*drafted, *lookup, decay=self.decay)
 
 
 def shrunk_rate(hits: dict[int, float], tested: dict[int, float], depth: int, prior: float, weight: float) -> float:
