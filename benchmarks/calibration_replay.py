@@ -36,8 +36,8 @@ from hf_dynaspec.generation.policy import (  # noqa: E402
     CALIBRATION_DECAY,
     CARRY_WEIGHT,
     Calibration,
-    accepted_variance,
     acceptance_estimates,
+    accepted_variance,
 )
 
 DECAYS = (1.0, 0.95, 0.9, CALIBRATION_DECAY, 0.8, 0.7)

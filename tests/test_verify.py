@@ -193,7 +193,7 @@ def test_rows_walk_together_and_equal_their_walks_on_full_logits(target, process
     head = WalkHead.of(target, 2)
     torch.manual_seed(3)
     trees, full, partial, sequences = [], [], [], []
-    for row in range(3):
+    for _ in range(3):
         hidden = torch.randn(6, target.config.hidden_size)  # (n, d) a tree of 6 nodes
         with torch.no_grad():
             logits = head(hidden)  # (n, V)
