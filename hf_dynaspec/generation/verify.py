@@ -132,8 +132,9 @@ def walk_trees(
 ) -> list[WalkResult]:
     """Every row's walk (`walk_steps`), in rounds: each row walks until it ends or needs a node its
     `NodeLogits` lacks; those nodes are made in one head application for all the rows waiting
-    (`fill_together`), and the waiting rows go on. Rows are advanced in order, so a row's random draws (sampling)
-    come in the same order as when it walks alone."""
+    (`fill_together`), and the waiting rows go on, in row order. Sampling draws from the global generator: one
+    row draws as it did when rows walked one after another; the rows of a batch interleave their draws, each
+    a fresh uniform draw, so each row's distribution is the same (tests/test_batch.py's chi-square)."""
     walks = [walk_steps(t, lg, seq, logits_processor, do_sample, keep_scores)
              for t, lg, seq in zip(trees, logits, sequences)]
     results: list[WalkResult | None] = [None] * len(walks)
