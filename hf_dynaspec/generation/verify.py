@@ -79,12 +79,10 @@ class NodeLogits:
         return None if self.full is None else self.full.argmax(dim=-1).tolist()
 
     def choice(self, node: int) -> int:
-        """The target's greedy pick at `node` (argmax of its raw logits)."""
+        """The target's greedy pick at `node`: made by a greedy layout (`filled`), else the argmax of its raw
+        logits."""
         if node not in self.picks:
-            if self.head is not None and self.head.greedy_only:  # picks without logits
-                self.picks[node] = int(self.head.argmax(self.hidden[node : node + 1])[0])
-            else:
-                self.picks[node] = int(self.row(node).argmax())
+            self.picks[node] = int(self.row(node).argmax())
         return self.picks[node]
 
     def row(self, node: int) -> torch.Tensor:

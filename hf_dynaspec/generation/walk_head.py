@@ -16,7 +16,7 @@ layout. Each layout is a `WalkHead` (`LAYOUTS` names them, `WalkHead.of` makes o
 None wins everywhere (on one AMD EPYC the columns layout was faster for 1-3 rows and slower for 4-16), so
 `calibration.measure_walk_head` times those the call may use and keeps the layout and the number of rows r computed
 at once in the verification pass that make a walk of w rows cheapest: cost(r) = t(r) + max(0, w - r) * t(1) (rows
-past r are made one at a time when the walk reaches them).
+past r priced one by one: an upper bound, as the walk makes them r at a time, `verify.walk_trees`).
 
     python -c "from hf_dynaspec.generation.walk_head import WalkHead; help(WalkHead)"
 """
@@ -227,8 +227,9 @@ def gathered_seconds(seconds: tuple[float, ...], rows: int) -> float:
 
 def walk_cost(seconds: tuple[float, ...], rows: int, walk: int, batch: int = 1) -> float:
     """Seconds to get the walks of `batch` rows of `walk` rows each with `rows` per row computed at once, gathered
-    into one application of the head: t(batch * rows) + batch * max(0, walk - rows) * t(1) (the walk's rows past
-    `rows` are made one at a time when it reaches them)."""
+    into one application of the head: t(batch * rows) + batch * max(0, walk - rows) * t(1), pricing each walk row
+    past `rows` as one row on its own (an upper bound: verification makes them `rows` at a time, for every row
+    waiting at once, `verify.walk_trees`)."""
     return gathered_seconds(seconds, batch * rows) + batch * max(0, walk - rows) * seconds[0]
 
 
