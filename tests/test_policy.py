@@ -14,6 +14,7 @@ from hf_dynaspec import DynaSpecGenerationConfig
 from hf_dynaspec.generation import decoding, learned
 from hf_dynaspec.generation.calibration import measure_verify_costs
 from hf_dynaspec.generation.policy import (
+    MAX_PROBE_GAP,
     Calibration,
     Option,
     Plan,
@@ -160,7 +161,7 @@ def drafted_once(policy: StepPolicy, depth: int = 3) -> None:
     for d in range(depth):
         node = pool.add(20 + d, node, pool.host.scores[node] + math.log(0.5))
     tree = compact(pool, pool.mask(range(depth + 1)))
-    plan = Plan("draft", depth, root_mass=0.5, probe=True)
+    plan = Plan("draft", depth, root_mass=0.5)
     policy.record(plan, tree, [0, 1], {"verify": 0.01, "catch_up": 0.001, "draft": 0.001 * (depth - 1)})
 
 
@@ -183,6 +184,38 @@ def test_dear_verification_gives_plain_steps_and_a_probe_every_few():
         tree = lookup_tree(0, plan.lookup) if plan.kind != "draft" else small_tree()
         policy.record(plan, tree, [0], {"verify": 0.01})
     assert kinds == ["plain", "plain", "plain", "draft"]  # the fourth refreshes the estimates
+
+
+def probe_kinds(policy: StepPolicy, steps: int, trimmed: bool) -> list[str]:
+    """The kinds of `steps` planned and recorded steps; a drafted one verifies small_tree, or (`trimmed`) its root
+    alone, accepting nothing."""
+    kinds = []
+    for _ in range(steps):
+        plan = policy.plan([0.9], [], room=10)
+        kinds.append("probe" if plan.probe else plan.kind)
+        tree = small_tree() if plan.kind == "draft" and not trimmed else lookup_tree(0, ())
+        policy.record(plan, tree, [0], {"verify": 0.01 * policy.costs(tree.num_nodes)})  # as costly as measured
+    return kinds
+
+
+def test_probes_trimmed_to_their_root_come_ever_further_apart_until_one_verifies_drafts():
+    policy = StepPolicy(VerifyCosts((1.0, 5.0)), max_depth=3, probe_every=2)
+    drafted_once(policy)
+    kinds = probe_kinds(policy, 16, trimmed=True)
+    assert [i for i, kind in enumerate(kinds) if kind == "probe"] == [2, 7]  # gaps of 2, then 4 steps
+    assert set(kinds) == {"plain", "probe"} and policy.gap() == 8
+    probe_kinds(policy, 200, trimmed=True)
+    assert policy.gap() == MAX_PROBE_GAP  # the gap stops growing
+    kinds = []
+    while "probe" not in kinds and len(kinds) < 2 * MAX_PROBE_GAP:  # the next probe verifies its drafts, in vain
+        kinds += probe_kinds(policy, 1, trimmed=False)
+    assert kinds[-1] == "probe" and policy.gap() == 2
+    policy.probe_gap = 16
+    chosen = Plan("draft", 3, root_mass=0.5)  # a draft chosen on its merits, not forced
+    policy.record(chosen, lookup_tree(0, ()), [0], {"verify": 0.01})
+    assert policy.gap() == 16  # trimmed to the root: it neither probed nor verified a draft
+    policy.record(chosen, small_tree(), [0], {"verify": 0.05})
+    assert policy.gap() == 2
 
 
 def test_a_trusted_lookup_branch_is_verified_alone_when_the_drafter_is_unsure():

@@ -33,8 +33,11 @@ After drafting, `trim` keeps the best-ranked m* nodes (the drafter's work is spe
 
 and `record` updates kappa / rho from the nodes the walk tested, the costs from the step's seconds, and the
 predicted (E of the verified tree) against the realised accepted length (`speculative_stats`). A drafted step is
-also forced every `probe_every` undrafted steps, so estimates frozen by plain steps are refreshed. Verification
-never trusts a draft: output is exact whatever the policy decides.
+also forced after `probe_gap` undrafted steps, so estimates frozen by plain steps are refreshed; the gap starts at
+`probe_every`, doubles after each probe that the trim cut to the root (it paid for drafting and tested nothing),
+up to `MAX_PROBE_GAP`, and is back at `probe_every` once a step verifies drafts: where no draft is worth
+verifying, looking for one costs less and less. Verification never
+trusts a draft: output is exact whatever the policy decides.
 
 A batch of B rows is one decision, not B: one forward verifies every row's tree padded to a block of N tokens
 per row (c = c_B(N), measured at that batch size), and the drafting rows grow their trees in lockstep
@@ -63,6 +66,7 @@ from dataclasses import dataclass, field
 from .tree import VerifyTree, close_under_ancestors, subtree
 
 PROBE_EVERY = 8  # undrafted steps in a row before a drafted step refreshes the estimates
+MAX_PROBE_GAP = 8 * PROBE_EVERY  # the longest the gap grows while probes keep being trimmed to the root (`StepPolicy.probe_gap`)
 MIN_SEEN = 3  # verifications of one size before their seconds correct the measured cost of that size
 DECAY = 0.8  # weight of the old value in the running means of costs and per-depth profiles
 CARRY_WEIGHT = 64.0  # tested nodes per depth that an earlier call's calibration is worth in the next call
@@ -421,8 +425,8 @@ def trim_trees(trees: Sequence[VerifyTree], costs: VerifyCosts, calibrations: Se
 
 def probing_rows(policies: Sequence[StepPolicy], rooms: Sequence[int], quiet_steps: int) -> list[int]:
     """The rows whose step is a forced probe. A row probes while the drafter's cost is unknown or after many
-    shallow drafts; a row whose estimates plain steps froze, once the batch has gone `probe_every` steps without
-    any row drafting (`quiet_steps`), so that no row probes while drafting pays. Rows drafting in lockstep
+    shallow drafts; a row whose estimates plain steps froze, once the batch has gone the row's probe gap
+    (`StepPolicy.gap`) without any row drafting (`quiet_steps`), so that no row probes while drafting pays. Rows drafting in lockstep
     (`Timings.together`) probe together: every row due, for about the drafting of one. Rows drafting one after
     another probe one at a time (a probe's drafting delays every row): the most overdue, so a batch of B rows
     probes each row every B * probe_every steps."""
@@ -432,7 +436,8 @@ def probing_rows(policies: Sequence[StepPolicy], rooms: Sequence[int], quiet_ste
     together = policies[0].timings.together
     if urgent:
         return urgent if together else urgent[:1]
-    if not due or quiet_steps < policies[0].probe_every:
+    due = [b for b in due if quiet_steps >= policies[b].gap()]
+    if not due:
         return []
     return due if together else [max(due, key=lambda b: policies[b].undrafted)]
 
@@ -451,6 +456,7 @@ class StepPolicy:
     timings: Timings = field(default_factory=Timings)
     undrafted: int = 0  # steps since the last drafted one
     shallow: int = 0  # drafted steps since the last one at full depth
+    probe_gap: int = 0  # undrafted steps before a probe (0: `probe_every`); doubles per probe trimmed away
 
     def carried(self) -> StepPolicy:
         """A policy for the next call of the same drafter, target and settings: what this one learned (the
@@ -464,8 +470,13 @@ class StepPolicy:
     def probe_due(self) -> bool:
         """Whether a forced probe is due: the drafter's cost unknown, estimates frozen by `probe_every` undrafted
         steps, or too many shallow drafts since the last one at full depth."""
-        return (not self.timings.levels or self.undrafted >= self.probe_every
+        return (not self.timings.levels or self.undrafted >= self.gap()
                 or self.shallow >= 2 * self.probe_every)
+
+    def gap(self) -> int:
+        """Undrafted steps before the next probe: `probe_every`, doubled per probe trimmed to the root since the last
+        drafted step that verified drafts."""
+        return self.probe_gap or self.probe_every
 
     def plan(self, root_probs: Sequence[float] | None, lookup: Sequence[int], room: int) -> Plan:
         """One row's best step (`options`, `choose_options`), or a probe when one is due (`probing_rows`: for one
@@ -547,9 +558,19 @@ class StepPolicy:
                 timings.observe_level(drafting, 0.0)
             self.undrafted = 0
             self.shallow = 0 if plan.depth >= self.max_depth else self.shallow + 1
+            self.probe_gap = self.next_gap(plan, tree)
         else:
             self.undrafted += 1
         self.calibration.update(tree, path)
+
+    def next_gap(self, plan: Plan, tree: VerifyTree) -> int:
+        """The probe gap after a drafted step verifying `tree`: `probe_every` (0) once drafts were verified; twice
+        the gap (up to `MAX_PROBE_GAP`) after a probe that the trim cut to the root (its drafting spent, no draft
+        tested: with the root's fresh proposals the policy itself found no draft worth verifying); else as it
+        was."""
+        if tree.num_nodes > 1:
+            return 0
+        return min(2 * self.gap(), MAX_PROBE_GAP) if plan.probe else self.probe_gap
 
     def _root_mass(self, root_probs: Sequence[float] | None) -> float:
         """A_1: sum of min(1, kappa_1 q) over the root's children (capped at 1), or its recent mean when the
