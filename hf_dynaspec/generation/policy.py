@@ -36,8 +36,8 @@ predicted (E of the verified tree) against the realised accepted length (`specul
 also forced after `probe_gap` undrafted steps, so estimates frozen by plain steps are refreshed; the gap starts at
 `probe_every`, doubles after each probe that the trim cut to the root (it paid for drafting and tested nothing),
 up to `MAX_PROBE_GAP`, and is back at `probe_every` once a step verifies drafts: where no draft is worth
-verifying, looking for one costs less and less. Verification never
-trusts a draft: output is exact whatever the policy decides.
+verifying, looking for one costs less and less. Verification never trusts a draft: output is exact whatever the
+policy decides.
 
 A batch of B rows is one decision, not B: one forward verifies every row's tree padded to a block of N tokens
 per row (c = c_B(N), measured at that batch size), and the drafting rows grow their trees in lockstep
@@ -46,12 +46,12 @@ the rounds timed so far), so the batch maximises
 
     sum_b E_b / (c_B(N) + o + [D >= 1] s_c + (D - 1) s + sum_b w_b)        N = max_b n_b,  D = max_b depth_b
 
-over one option per row (`choose_options`; o: the batch's step overhead, one per step; w_b: the row's share of the catch-up and its (depth_b - 1) u; the
-catch-up's shared part s_c is paid once too; where rows draft one after another, nothing is shared and u is one row's
-round); trimming keeps a common block (`trim_trees`: below it, a row's nodes are free), and the rows due a probe
-probe together where they draft in lockstep, else one per step (`probing_rows`). The depth profile learns from
-what each row's own trim keeps of its drafted tree, not the batch's (a lone drafting row's tree is cut by a block
-every row pays for). With one row all of this reduces to the rules above.
+over one option per row (`choose_options`; o: the batch's step overhead, one per step; w_b: the row's share of
+the catch-up and its (depth_b - 1) u; the catch-up's shared part s_c is paid once too; where rows draft one after
+another, nothing is shared and u is one row's round); trimming keeps a common block (`trim_trees`: below it, a
+row's nodes are free), and the rows due a probe probe together where they draft in lockstep, else one per step
+(`probing_rows`). The depth profile learns from what each row's own trim keeps of its drafted tree, not the
+batch's (a lone drafting row's tree is cut by a block every row pays for). With one row all of this reduces to the rules above.
 
     python -m pytest tests/test_policy.py -q
 """
@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from .tree import VerifyTree, close_under_ancestors, subtree
 
 PROBE_EVERY = 8  # undrafted steps in a row before a drafted step refreshes the estimates
-MAX_PROBE_GAP = 8 * PROBE_EVERY  # the longest the gap grows while probes keep being trimmed to the root (`StepPolicy.probe_gap`)
+MAX_PROBE_GAP = 8 * PROBE_EVERY  # the longest probe gap, while probes keep being trimmed to the root (`StepPolicy.gap`)
 MIN_SEEN = 3  # verifications of one size before their seconds correct the measured cost of that size
 DECAY = 0.8  # weight of the old value in the running means of costs and per-depth profiles
 CARRY_WEIGHT = 64.0  # tested nodes per depth that an earlier call's calibration is worth in the next call
@@ -366,12 +366,12 @@ def choose_options(menus: Sequence[Sequence[Option]], costs: VerifyCosts, shared
 
         R = sum_b E_b / (c(N) + o + [D >= 1] s_c + (D - 1) s + sum_b w_b)        N = max_b n_b,  D = max_b depth_b
 
-    (one forward runs every row's tree padded to N tokens; every step pays the `overhead` o once; the drafting rows catch up together, costing
-    `shared_catch_up` s_c once plus each stale row's share, and grow their trees in D - 1 rounds, each costing
-    `shared_level` s once plus each row's share; the shares are in w). For each block size N and deepest draft D,
-    Dinkelbach's iteration: every row takes argmax E - R w over its options with n <= N and depth <= D, R the
-    rate of the last choice, until R stops rising (the exact optimum for that N and D). One row:
-    argmax E / (c(n) + o + (depth - 1) s + w)."""
+    (one forward runs every row's tree padded to N tokens; every step pays the `overhead` o once; the drafting
+    rows catch up together, costing `shared_catch_up` s_c once plus each stale row's share, and grow their trees
+    in D - 1 rounds, each costing `shared_level` s once plus each row's share; the shares are in w). For each
+    block size N and deepest draft D, Dinkelbach's iteration: every row takes argmax E - R w over its options with
+    n <= N and depth <= D, R the rate of the last choice, until R stops rising (the exact optimum for that N and
+    D). One row: argmax E / (c(n) + o + (depth - 1) s + w)."""
     best: list[Option] = [min(menu, key=lambda o: o.nodes) for menu in menus]
     best_rate = 0.0
     depths = sorted({o.plan.depth for menu in menus for o in menu})
@@ -426,10 +426,10 @@ def trim_trees(trees: Sequence[VerifyTree], costs: VerifyCosts, calibrations: Se
 def probing_rows(policies: Sequence[StepPolicy], rooms: Sequence[int], quiet_steps: int) -> list[int]:
     """The rows whose step is a forced probe. A row probes while the drafter's cost is unknown or after many
     shallow drafts; a row whose estimates plain steps froze, once the batch has gone the row's probe gap
-    (`StepPolicy.gap`) without any row drafting (`quiet_steps`), so that no row probes while drafting pays. Rows drafting in lockstep
-    (`Timings.together`) probe together: every row due, for about the drafting of one. Rows drafting one after
-    another probe one at a time (a probe's drafting delays every row): the most overdue, so a batch of B rows
-    probes each row every B * probe_every steps."""
+    (`StepPolicy.gap`) without any row drafting (`quiet_steps`), so that no row probes while drafting pays. Rows
+    drafting in lockstep (`Timings.together`) probe together: every row due, for about the drafting of one. Rows
+    drafting one after another probe one at a time (a probe's drafting delays every row): the most overdue, so a
+    batch of B rows probes each row every B * gap steps."""
     due = [b for b, (policy, room) in enumerate(zip(policies, rooms)) if room >= 1 and policy.probe_due()]
     urgent = [b for b in due if not policies[b].timings.levels
               or policies[b].shallow >= 2 * policies[b].probe_every]  # unmeasured, or drafting only shallow
@@ -468,8 +468,8 @@ class StepPolicy:
         )
 
     def probe_due(self) -> bool:
-        """Whether a forced probe is due: the drafter's cost unknown, estimates frozen by `probe_every` undrafted
-        steps, or too many shallow drafts since the last one at full depth."""
+        """Whether a forced probe is due: the drafter's cost unknown, estimates frozen by `gap()` undrafted steps,
+        or too many shallow drafts since the last one at full depth."""
         return (not self.timings.levels or self.undrafted >= self.gap()
                 or self.shallow >= 2 * self.probe_every)
 
