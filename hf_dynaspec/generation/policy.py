@@ -51,7 +51,8 @@ the catch-up and its (depth_b - 1) u; the catch-up's shared part s_c is paid onc
 another, nothing is shared and u is one row's round); trimming keeps a common block (`trim_trees`: below it, a
 row's nodes are free), and the rows due a probe probe together where they draft in lockstep, else one per step
 (`probing_rows`). The depth profile learns from what each row's own trim keeps of its drafted tree, not the
-batch's (a lone drafting row's tree is cut by a block every row pays for). With one row all of this reduces to the rules above.
+batch's (a lone drafting row's tree is cut by a block every row pays for). With one row all of this reduces to
+the rules above.
 
     python -m pytest tests/test_policy.py -q
 """
