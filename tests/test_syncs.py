@@ -8,8 +8,8 @@ import torch
 from helpers import greedy, prompt, tiny_drafter
 
 from hf_dynaspec import DynaSpecGenerationConfig
-from hf_dynaspec.generation import decoding
-from hf_dynaspec.generation.syncs import HostSyncCounter
+from hf_dynaspec.generation import decoding, syncs
+from hf_dynaspec.generation.syncs import HostSyncCounter, wall_seconds
 
 
 def test_counter_sees_every_kind_of_host_read():
@@ -18,6 +18,19 @@ def test_counter_sees_every_kind_of_host_read():
         int(t[1]), bool(t[2] > 1), float(t[3]), t.tolist(), t[0].item(), t.nonzero(), [0, 1, 2][t[1]]
     assert counter.total == 7
     assert set(counter.counts) == {"__int__", "__bool__", "__float__", "tolist", "item", "nonzero", "__index__"}
+
+
+def test_wall_seconds_times_each_run_and_leaves_the_untimed_part_out(monkeypatch):
+    clock, events = [0.0], []
+    monkeypatch.setattr(syncs.time, "perf_counter", lambda: clock[0])
+
+    def run(seconds: float, name: str) -> None:
+        clock[0] += seconds
+        events.append(name)
+
+    times = wall_seconds(lambda: run(1.5, "run"), 3, torch.device("cpu"), after=lambda: run(10.0, "after"))
+    assert events == ["run", "after"] * 3
+    assert times == [1.5, 1.5, 1.5]  # `after` (10 s each) is not counted
 
 
 @pytest.mark.parametrize("head_mode", ["dynamic", "union", "full"])

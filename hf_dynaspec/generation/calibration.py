@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import time
 import weakref
 
 import torch
@@ -28,7 +27,7 @@ from . import measured
 from .cache import KeyLayout, crop_cache
 from .head_times import HeadTimes
 from .policy import VerifyCosts, are_positive_costs, batch_bucket
-from .syncs import synchronize
+from .syncs import wall_seconds
 from .tree import lookup_tree
 from .verifier import Verifier
 from .walk_head import HEADS, LAYOUTS, WalkHead, choose_walk_head, head_class
@@ -161,18 +160,9 @@ def measured_walk_heads(target: torch.nn.Module) -> list[str]:
 
 
 def _median_seconds(fn, repeats: int, device: torch.device, after=None) -> float:
-    """Median wall time of `fn()` over `repeats` runs, synchronised on accelerators; `after()` (untimed) runs
-    after each one (e.g. cropping a cache back)."""
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-        if after is not None:
-            after()
-    return statistics.median(times)
+    """Median wall time of `fn()` over `repeats` runs (`syncs.wall_seconds`: synchronised on accelerators, `after()`
+    untimed after each one)."""
+    return statistics.median(wall_seconds(fn, repeats, device, after))
 
 
 @torch.no_grad()

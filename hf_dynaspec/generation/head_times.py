@@ -16,13 +16,12 @@ calibration's are.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from . import measured
-from .syncs import synchronize
+from .syncs import wall_seconds
 from .walk_head import WalkHead
 
 ROW_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -81,15 +80,10 @@ class HeadTimes:
         return self.seconds[size]
 
     def _time(self, size: int) -> float:
+        """The faster two's mean of `HEAD_REPEATS` applications on random rows, after an untimed one."""
         weight = self.head.head.weight
         hidden = torch.randn(size, weight.shape[1], device=self.device, dtype=weight.dtype)
-        times = []
         with torch.no_grad():
-            for _ in range(HEAD_REPEATS + 1):
-                synchronize(self.device)
-                start = time.perf_counter()
-                self.head.apply(hidden)
-                synchronize(self.device)
-                times.append(time.perf_counter() - start)
-        fastest = sorted(times[1:])[:2]
+            times = wall_seconds(lambda: self.head.apply(hidden), HEAD_REPEATS + 1, self.device)[1:]
+        fastest = sorted(times)[:2]
         return sum(fastest) / len(fastest)

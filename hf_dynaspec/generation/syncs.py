@@ -1,5 +1,5 @@
-"""Host synchronisations: `synchronize` waits for a device's queued work (timing needs it); `HostSyncCounter` counts
-the places where Python reads a tensor's value, which on CUDA wait for the GPU.
+"""Host synchronisations: `synchronize` waits for a device's queued work (timing needs it: `wall_seconds`);
+`HostSyncCounter` counts the places where Python reads a tensor's value, which on CUDA wait for the GPU.
 
 `HostSyncCounter` is a `TorchFunctionMode` that counts, by name, the conversions of tensors to Python values
 (`.item()`, `.tolist()`, `int(t)`, `bool(t)`, `float(t)`, indexing a Python list with a tensor) and the ops whose
@@ -14,7 +14,9 @@ test can bound what a GPU step would wait for.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -49,3 +51,19 @@ def synchronize(device: torch.device) -> None:
     """Wait for `device`'s queued work (a no-op on the CPU), so that a wall-clock timing measures work done."""
     if device.type != "cpu" and hasattr(torch, "accelerator"):
         torch.accelerator.synchronize(device)
+
+
+def wall_seconds(fn: Callable[[], object], repeats: int, device: torch.device,
+                 after: Callable[[], object] | None = None) -> list[float]:
+    """Wall seconds of each of `repeats` runs of `fn()`, the device synchronised before and after each;
+    `after()` (untimed) runs after each one (e.g. cropping a cache back)."""
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+        if after is not None:
+            after()
+    return times
