@@ -57,9 +57,9 @@ def pooled(records: list[Record], method: str) -> float:
 def prediction(records: list[Record], method: str) -> dict | None:
     """The policy's predicted vs realised accepted length: pooled, and the mean per-run deviation (each run
     counted once, and weighted by its steps that verified a draft: a short run's deviation is mostly its few
-    steps' noise); where the records carry the prediction's variance (its own model's noise, `policy.accepted_variance`), each
-    run's z = (realised - predicted) / sqrt(variance) summed over its steps: within 2 in about 95% of the runs
-    and centred on 0 when the prediction is honest, whatever the runs' lengths."""
+    steps' noise); where the records carry the prediction's variance (its own model's noise,
+    `policy.accepted_variance`), each run's z = (realised - predicted) / sqrt(variance) summed over its steps:
+    within 2 in about 95% of the runs and centred on 0 when the prediction is honest, whatever the runs' lengths."""
     runs = [SpeculativeStats.from_dict(r.stats) for r in records if r.method == method and r.stats]
     runs = [s for s in runs if s.predicted_steps]
     if not runs:
@@ -69,8 +69,8 @@ def prediction(records: list[Record], method: str) -> dict | None:
     result = {"pooled_ratio": total.predicted_tokens / total.realized_tokens,
               "predicted": total.predicted_accepted_length, "realized": total.realized_accepted_length,
               "mean_abs_deviation": statistics.fmean(abs(x - 1) for x in ratios),
-              "step_weighted_deviation": sum(s.predicted_steps * abs(x - 1) for s, x in zip(runs, ratios))
-              / sum(s.predicted_steps for s in runs),
+              "step_weighted_deviation": statistics.fmean([abs(x - 1) for x in ratios],
+                                                          weights=[s.predicted_steps for s in runs]),
               "runs_within_10pct": sum(abs(x - 1) <= 0.10 for x in ratios), "runs": len(ratios)}
     z = [(s.realized_tokens - s.predicted_tokens) / s.predicted_variance ** 0.5 for s in runs
          if s.predicted_variance > 0]
@@ -168,9 +168,8 @@ def report(result: dict) -> str:
     for method, m in result["methods"].items():
         p = m["prediction"]
         pred = "" if p is None else (f"{p['predicted']:.2f} vs {p['realized']:.2f} ({p['pooled_ratio']:.3f}x; mean "
-                                     f"deviation {p['mean_abs_deviation']:.1%}"
-                                     + (f", {p['step_weighted_deviation']:.1%} by steps" if "step_weighted_deviation" in p
-                                        else "") + f", {p['runs_within_10pct']}/{p['runs']}"
+                                     f"deviation {p['mean_abs_deviation']:.1%}, {p['step_weighted_deviation']:.1%} by "
+                                     f"steps, {p['runs_within_10pct']}/{p['runs']}"
                                      + (f"; {p['z_within_2']}/{p['z_runs']}, z {p['z_mean']:+.2f}" if "z_runs" in p
                                         else "") + ")")
         lines.append(f"| `{method}` | {m['pooled_speedup']:.2f}x | {m['median_speedup']:.2f}x / "
