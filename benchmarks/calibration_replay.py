@@ -5,7 +5,9 @@ every verified step of its run: the tree (parents, depths, lookup flags, draft l
 path, one JSON line per prompt in <out>/<name>.jsonl (a stopped run resumes).
 
 Step 2 (always): replay the logged steps through `policy.Calibration` with each `--decays` value (1.0: counts pooled
-over the whole sequence, as before `CALIBRATION_DECAY`), runs in order with the last run's calibration carried
+over the whole sequence, as before `CALIBRATION_DECAY`; the shipped prior weights), and with each
+`--lookup-weights` value (what the lookup rate's prior, the depth above's rate, is worth; the shipped decay), runs in
+order with the last run's calibration carried
 (`Calibration.carried`), as in one process of `hf-dynaspec bench`. Per run: the predicted accepted length of every
 step that verified a draft (E = sum of the acceptance estimates a_i of its tree, before the step is counted) against
 the realised one, pooled over the run, and z = (realised - predicted) / sd with the policy's own variance
@@ -35,12 +37,14 @@ from results_io import save_results  # noqa: E402
 from hf_dynaspec.generation.policy import (  # noqa: E402
     CALIBRATION_DECAY,
     CARRY_WEIGHT,
+    LOOKUP_PRIOR_WEIGHT,
     Calibration,
     acceptance_estimates,
     accepted_variance,
 )
 
 DECAYS = (1.0, 0.95, 0.9, CALIBRATION_DECAY, 0.8, 0.7)
+LOOKUP_WEIGHTS = (2.0, 1.0, LOOKUP_PRIOR_WEIGHT, 0.25)
 
 
 def log_runs(args: argparse.Namespace, path: Path) -> None:
@@ -83,11 +87,13 @@ def log_runs(args: argparse.Namespace, path: Path) -> None:
         policy.StepPolicy.record = record
 
 
-def replay(runs: list[dict], decay: float) -> dict:
-    """Per-run predicted vs realised accepted length under a calibration with this `decay` (module docstring)."""
+def replay(runs: list[dict], decay: float, lookup_weight: float = LOOKUP_PRIOR_WEIGHT) -> dict:
+    """Per-run predicted vs realised accepted length under a calibration with this `decay` and lookup prior weight
+    (module docstring)."""
     calibration, per_run = None, []
     for run in runs:
-        calibration = (Calibration(decay=decay) if calibration is None else calibration.carried(CARRY_WEIGHT))
+        calibration = (Calibration(decay=decay, lookup_weight=lookup_weight) if calibration is None
+                       else calibration.carried(CARRY_WEIGHT))
         predicted = realised = variance = 0.0
         for step in run["steps"]:
             tree = SimpleNamespace(parent_list=step["parents"], depth_list=step["depths"], grafted_list=step["grafted"],
@@ -102,7 +108,7 @@ def replay(runs: list[dict], decay: float) -> dict:
                                 z=(realised - predicted) / math.sqrt(max(variance, 1e-12)), predicted=predicted,
                                 realised=realised))
     deviations = [abs(r["ratio"] - 1.0) for r in per_run]
-    return dict(decay=decay, runs=len(per_run), within_10pct=sum(d <= 0.10 for d in deviations),
+    return dict(decay=decay, lookup_weight=lookup_weight, runs=len(per_run), within_10pct=sum(d <= 0.10 for d in deviations),
                 mean_deviation=statistics.fmean(deviations),
                 pooled_ratio=sum(r["predicted"] for r in per_run) / sum(r["realised"] for r in per_run),
                 within_2sd=sum(abs(r["z"]) < 2 for r in per_run), mean_z=statistics.fmean(r["z"] for r in per_run),
@@ -110,35 +116,47 @@ def replay(runs: list[dict], decay: float) -> dict:
 
 
 def report(result: dict) -> str:
-    lines = ["# Predicted vs realised accepted length per run, by calibration decay", "",
-             f"Logged runs of `{result['meta']['drafter']}` on `{result['meta']['target']}` (greedy, defaults); each "
-             "prompt set replayed with the calibration forgetting at each rate (1.0: no forgetting). Shipped: decay "
-             f"{result['meta']['shipped_decay']}.", "",
-             "| prompts | decay | runs within 10% | mean deviation | pooled predicted / realised | runs with abs(z) < 2 "
-             "| mean z |", "|---|---|---|---|---|---|---|"]
-    for name, rows in result["sets"].items():
-        for r in rows:
-            lines.append(f"| {name} | {r['decay']} | {r['within_10pct']} / {r['runs']} | {100 * r['mean_deviation']:.1f}% "
-                         f"| {r['pooled_ratio']:.3f} | {r['within_2sd']} / {r['runs']} | {r['mean_z']:+.2f} |")
-    lines += ["", "Regenerate: `python benchmarks/calibration_replay.py --out <this folder>` (replays every logged set).", ""]
+    meta = result["meta"]
+    lines = ["# Predicted vs realised accepted length per run, by calibration decay and lookup prior weight", "",
+             f"Logged runs of `{meta['drafter']}` on `{meta['target']}` (greedy, defaults); each prompt set replayed "
+             "with the calibration forgetting at each rate (1.0: no forgetting), then with the lookup rate's prior (the "
+             f"depth above's rate) worth each weight. Shipped: decay {meta['shipped_decay']}, lookup prior weight "
+             f"{meta['shipped_lookup_weight']}.", ""]
+    for title, key, column in (("By decay (shipped lookup prior weight)", "sets", "decay"),
+                               ("By lookup prior weight (shipped decay)", "weights", "lookup_weight")):
+        lines += [f"## {title}", "", f"| prompts | {column.replace('_', ' ')} | runs within 10% | mean deviation "
+                  "| pooled predicted / realised | runs with abs(z) < 2 | mean z |", "|---|---|---|---|---|---|---|"]
+        for name, rows in result.get(key, {}).items():
+            for r in rows:
+                lines.append(f"| {name} | {r[column]} | {r['within_10pct']} / {r['runs']} | "
+                             f"{100 * r['mean_deviation']:.1f}% | {r['pooled_ratio']:.3f} | {r['within_2sd']} / {r['runs']} "
+                             f"| {r['mean_z']:+.2f} |")
+        lines.append("")
+    lines += ["Regenerate: `python benchmarks/calibration_replay.py --out <this folder> [--target ... --drafter ...]` "
+              "(replays every logged set).", ""]
     return "\n".join(lines)
 
 
 def plot(result: dict, path: Path) -> None:
-    """Mean |predicted / realised - 1| per run against the decay, one line per prompt set."""
+    """Mean |predicted / realised - 1| per run against the decay and against the lookup prior weight, one line per
+    prompt set."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    for name, rows in result["sets"].items():
-        ax.plot([r["decay"] for r in rows], [100 * r["mean_deviation"] for r in rows], marker="o", label=name)
-    ax.axhline(10.0, color="grey", lw=0.8, ls="--")
-    ax.axvline(result["meta"]["shipped_decay"], color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("calibration decay per step (1.0: none)")
-    ax.set_ylabel("mean per-run deviation (%)")
-    ax.legend()
+    meta = result["meta"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True)
+    for ax, key, column, label, shipped in (
+            (axes[0], "sets", "decay", "calibration decay per step (1.0: none)", meta["shipped_decay"]),
+            (axes[1], "weights", "lookup_weight", "lookup prior weight (observations)", meta["shipped_lookup_weight"])):
+        for name, rows in result[key].items():
+            ax.plot([r[column] for r in rows], [100 * r["mean_deviation"] for r in rows], marker="o", label=name)
+        ax.axhline(10.0, color="grey", lw=0.8, ls="--")
+        ax.axvline(shipped, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel(label)
+    axes[0].set_ylabel("mean per-run deviation (%)")
+    axes[0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -155,6 +173,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--decays", type=lambda s: [float(x) for x in s.split(",")], default=list(DECAYS))
+    parser.add_argument("--lookup-weights", type=lambda s: [float(x) for x in s.split(",")],
+                        default=list(LOOKUP_WEIGHTS))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -162,12 +182,14 @@ def main(argv: list[str] | None = None) -> dict:
         if not args.name:
             parser.error("--log needs --name (the logged set's file name)")
         log_runs(args, args.out / f"{args.name}.jsonl")
-    sets = {}
+    sets, weights = {}, {}
     for path in sorted(args.out.glob("*.jsonl")):
         runs = [json.loads(line) for line in path.read_text().splitlines()]
         sets[path.stem] = [replay(runs, decay) for decay in args.decays]
-    meta = dict(target=args.target, drafter=args.drafter, shipped_decay=CALIBRATION_DECAY, carry_weight=CARRY_WEIGHT)
-    result = {"meta": meta, "sets": sets}
+        weights[path.stem] = [replay(runs, CALIBRATION_DECAY, weight) for weight in args.lookup_weights]
+    meta = dict(target=args.target, drafter=args.drafter, shipped_decay=CALIBRATION_DECAY,
+                shipped_lookup_weight=LOOKUP_PRIOR_WEIGHT, carry_weight=CARRY_WEIGHT)
+    result = {"meta": meta, "sets": sets, "weights": weights}
     print(save_results(args.out, result, report))
     plot(result, args.out / "deviation.png")
     return result

@@ -14,6 +14,7 @@ from hf_dynaspec import DynaSpecGenerationConfig
 from hf_dynaspec.generation import decoding, learned
 from hf_dynaspec.generation.calibration import measure_verify_costs
 from hf_dynaspec.generation.policy import (
+    LOOKUP_PRIOR_WEIGHT,
     MAX_PROBE_GAP,
     Calibration,
     Option,
@@ -91,10 +92,10 @@ def test_acceptance_estimates_multiply_along_paths_with_per_depth_calibration():
     a = acceptance_estimates(tree, Calibration())  # kappa = 1, rho = 1/2 at every depth
     assert a == pytest.approx([1.0, 0.6, 0.3, 0.15, 0.24])
     # depth 1: kappa = (1 + 3) / (1 + 1) = 2 caps 2 x 0.6 at 1; depth 2 shrinks toward depth 1:
-    # kappa = (1 x 2 + 0) / (1 + 1) = 1, rho = (2 x 1/2 + 0) / (2 + 2) = 1/4
+    # kappa = (1 x 2 + 0) / (1 + 1) = 1, rho = (1/2 x 1/2 + 0) / (1/2 + 2) = 1/10 (the lookup prior worth 1/2)
     calibration = Calibration(drafted_expected={1: 1.0, 2: 1.0}, drafted_accepted={1: 3.0},
-                              lookup_tested={2: 2.0})
-    assert acceptance_estimates(tree, calibration) == pytest.approx([1.0, 1.0, 0.6, 0.15, 0.4])
+                              lookup_tested={2: 2.0}, lookup_weight=0.5)
+    assert acceptance_estimates(tree, calibration) == pytest.approx([1.0, 1.0, 0.6, 0.06, 0.4])
 
 
 def test_a_depth_seldom_reached_starts_from_the_depth_above():
@@ -132,8 +133,9 @@ def test_calibration_weights_recent_steps_and_ignores_a_root_alone():
 
 def test_a_carried_calibration_keeps_its_rates_with_a_bounded_weight():
     calibration = Calibration(drafted_expected={1: 200.0, 2: 3.0}, drafted_accepted={1: 150.0, 2: 3.0},
-                              lookup_tested={1: 500.0}, lookup_accepted={1: 400.0})
+                              lookup_tested={1: 500.0}, lookup_accepted={1: 400.0}, draft_weight=3.0, lookup_weight=0.25)
     carried = calibration.carried(weight=16.0)
+    assert (carried.draft_weight, carried.lookup_weight, carried.decay) == (3.0, 0.25, calibration.decay)
     assert carried.drafted_expected == pytest.approx({1: 16.0, 2: 3.0})  # small counts are kept as they are
     assert carried.drafted_accepted == pytest.approx({1: 12.0, 2: 3.0})
     assert carried.lookup_accepted[1] / carried.lookup_tested[1] == pytest.approx(0.8)
@@ -225,8 +227,9 @@ def test_a_trusted_lookup_branch_is_verified_alone_when_the_drafter_is_unsure():
                                      drafted_expected={1: 20.0}, drafted_accepted={1: 1.0})
     plan = policy.plan([0.1], [7, 8], room=10)
     assert plan == Plan("lookup", lookup=(7, 8))
-    rho_1 = 20 / 22
-    rho_2 = (2 * rho_1 + 19) / 22  # shrunk toward depth 1
+    w = LOOKUP_PRIOR_WEIGHT
+    rho_1 = (w / 2 + 19) / (w + 20)
+    rho_2 = (w * rho_1 + 19) / (w + 20)  # shrunk toward depth 1
     assert policy.expected(lookup_tree(0, plan.lookup)) == pytest.approx(1 + rho_1 + rho_1 * rho_2)
 
 

@@ -1,12 +1,11 @@
 """What the step policy learned in one generate() call, carried into the next call of the same drafter, target
 and settings (in this process; the costs it plans with are kept on disk by `measured`).
 
-A call that started from the policy's fixed priors (kappa = 1 worth one observation, rho = 1/2 worth two, no
-depth profile, no drafter timings) under-predicted what it would accept wherever acceptance is far from those
-priors, above all at depths a short call rarely reaches (long copy chains). Each call now starts from where the
-last one ended: its calibration as a prior bounded to `policy.CARRY_WEIGHT` tested nodes per depth (so a new
-sequence moves it within a few steps), its depth profile and timings as they were. Verification never trusts
-any of it: output is exact whatever the policy learned.
+A call that started from the policy's fixed priors (kappa = 1, rho = 1/2, no depth profile, no drafter timings)
+under-predicted what it would accept wherever acceptance is far from those priors, above all at depths a short call
+rarely reaches (long copy chains). Each call now starts from where the last one ended: its calibration as a prior
+bounded to `policy.CARRY_WEIGHT` tested nodes per depth (so a new sequence moves it within a few steps), its depth
+profile and timings as they were. Verification never trusts any of it: output is exact whatever the policy learned.
 
     python -m pytest tests/test_policy.py -q -k carried
 """

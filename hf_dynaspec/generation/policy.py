@@ -72,6 +72,8 @@ MIN_SEEN = 3  # verifications of one size before their seconds correct the measu
 DECAY = 0.8  # weight of the old value in the running means of costs and per-depth profiles
 CARRY_WEIGHT = 64.0  # tested nodes per depth that an earlier call's calibration is worth in the next call
 CALIBRATION_DECAY = 0.85  # weight of the counts so far at each step that tests drafts (a sequence's acceptance drifts)
+DRAFT_PRIOR_WEIGHT = 1.0  # observations a depth's kappa prior (the depth above's kappa; kappa_0 = 1) is worth
+LOOKUP_PRIOR_WEIGHT = 0.5  # observations a depth's rho prior (the depth above's rho; rho_0 = 1/2) is worth
 
 
 def batch_bucket(batch: int) -> int:
@@ -108,9 +110,13 @@ class VerifyCosts:
 @dataclass
 class Calibration:
     """Per depth d (1-based): drafter nodes tested (sum of q) and accepted -> kappa_d; lookup nodes tested and
-    accepted -> rho_d. Each depth's prior is the depth above's estimate (kappa_0 = 1: trust q, worth one
-    observation; rho_0 = 1/2, worth two): a depth seldom reached starts from the rate of the one above it, not
-    from a fixed guess that a long accepted chain would contradict at every depth.
+    accepted -> rho_d. Each depth's prior is the depth above's estimate (kappa_0 = 1: trust q, worth
+    `draft_weight` observations; rho_0 = 1/2, worth `lookup_weight`): a depth seldom reached starts from the rate
+    of the one above it, not from a fixed guess that a long accepted chain would contradict at every depth. The
+    lookup prior is worth half an observation: along a copied passage the chance that the next token is accepted
+    too grows with depth, and with the recent-weighted counts below a deep depth holds few observations, so a
+    heavier pull toward the depth above under-predicted long chains (replays of logged steps per prior weight:
+    `benchmarks/calibration_replay.py`, benchmarks/results/cpu-*-calibration-replay).
 
     The counts are weighted toward the sequence's recent steps: before each step that tests drafts, the counts so
     far are multiplied by `decay` (an exponential memory of about 1 / (1 - decay) such steps). How often the target
@@ -123,12 +129,14 @@ class Calibration:
     lookup_tested: dict[int, float] = field(default_factory=dict)
     lookup_accepted: dict[int, float] = field(default_factory=dict)
     decay: float = CALIBRATION_DECAY
+    draft_weight: float = DRAFT_PRIOR_WEIGHT
+    lookup_weight: float = LOOKUP_PRIOR_WEIGHT
 
     def kappa(self, depth: int) -> float:
-        return shrunk_rate(self.drafted_accepted, self.drafted_expected, depth, prior=1.0, weight=1.0)
+        return shrunk_rate(self.drafted_accepted, self.drafted_expected, depth, prior=1.0, weight=self.draft_weight)
 
     def rho(self, depth: int) -> float:
-        return shrunk_rate(self.lookup_accepted, self.lookup_tested, depth, prior=0.5, weight=2.0)
+        return shrunk_rate(self.lookup_accepted, self.lookup_tested, depth, prior=0.5, weight=self.lookup_weight)
 
     def update(self, tree: VerifyTree, path: Sequence[int]) -> None:
         """Count the nodes whose parent is on the accepted `path`: each was tested by the target (the counts so
@@ -158,7 +166,8 @@ class Calibration:
                     {d: h * factor.get(d, 1.0) for d, h in hits.items()})
         drafted = scaled(self.drafted_expected, self.drafted_accepted)
         lookup = scaled(self.lookup_tested, self.lookup_accepted)
-        return Calibration(*drafted, *lookup, decay=self.decay)
+        return Calibration(*drafted, *lookup, decay=self.decay, draft_weight=self.draft_weight,
+                           lookup_weight=self.lookup_weight)
 
 
 def shrunk_rate(hits: dict[int, float], tested: dict[int, float], depth: int, prior: float, weight: float) -> float:
