@@ -16,6 +16,8 @@ from hf_dynaspec.generation.calibration import measure_verify_costs
 from hf_dynaspec.generation.policy import (
     LOOKUP_PRIOR_WEIGHT,
     MAX_PROBE_GAP,
+    MIN_SEEN,
+    STALE_AFTER,
     Calibration,
     Option,
     Plan,
@@ -439,6 +441,26 @@ def test_rows_probe_only_after_quiet_steps_one_at_a_time_unless_drafting_togethe
     assert probing_rows(rows, [10, 0, 10], quiet_steps=3) == [0]  # no room left to draft in row 1
     unmeasured = StepPolicy(VerifyCosts((1.0, 5.0)), max_depth=3)
     assert probing_rows([rows[0], unmeasured], [10, 10], quiet_steps=0) == [1]  # its drafting cost is unknown
+
+
+def test_an_observed_cost_not_seen_for_long_gives_way_to_the_measured_one():
+    """A size observed dear (a burst of load) is not verified again while it looks dear: after `STALE_AFTER`
+    verifications of other sizes its observed cost is forgotten, and the next observations of it start afresh."""
+    measured = VerifyCosts((1.0, 1.1, 1.2, 1.3))
+    timings = Timings()
+    for _ in range(4):
+        timings.observe(1, 1, 0.1)  # the first of a shape is not counted
+    for _ in range(4):
+        timings.observe(1, 3, 0.5)  # c(3) observed at 5: the machine was busy
+    assert timings.costs(measured, 1)(3) == pytest.approx(5.0)
+    for _ in range(STALE_AFTER):
+        timings.observe(1, 1, 0.1)
+    assert timings.costs(measured, 1)(3) == pytest.approx(5.0)  # seen STALE_AFTER verifications ago: kept
+    timings.observe(1, 1, 0.1)
+    assert timings.costs(measured, 1) == measured  # forgotten: the measurement again
+    for _ in range(MIN_SEEN):
+        timings.observe(1, 3, 0.13)
+    assert timings.costs(measured, 1)(3) == pytest.approx(1.3)  # the new observations alone, not mixed with 5
 
 
 def test_verifications_correct_the_measured_costs_at_their_batch_bucket():

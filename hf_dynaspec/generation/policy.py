@@ -69,6 +69,7 @@ from .tree import VerifyTree, close_under_ancestors, subtree
 PROBE_EVERY = 8  # undrafted steps in a row before a drafted step refreshes the estimates
 MAX_PROBE_GAP = 8 * PROBE_EVERY  # the longest probe gap, while probes keep being trimmed to the root (`StepPolicy.gap`)
 MIN_SEEN = 3  # verifications of one size before their seconds correct the measured cost of that size
+STALE_AFTER = 64  # verifications (of any size) after which a size's observed cost, not seen since, is forgotten
 DECAY = 0.8  # weight of the old value in the running means of costs and per-depth profiles
 CARRY_WEIGHT = 64.0  # tested nodes per depth that an earlier call's calibration is worth in the next call
 CALIBRATION_DECAY = 0.85  # weight of the counts so far at each step that tests drafts (a sequence's acceptance drifts)
@@ -241,13 +242,17 @@ class Timings:
     unit: dict[int, Running] = field(default_factory=dict)  # rows -> seconds of a verification of one token
     ratio: dict[tuple[int, int], Running] = field(default_factory=dict)  # (bucket, n) -> observed c(n)
     shapes: set[tuple[int, int]] = field(default_factory=set)  # (rows, n) verified at least once
+    verifications: int = 0  # verifications observed so far
+    seen_at: dict[tuple[int, int], int] = field(default_factory=dict)  # (bucket, n) -> verification last seen
     overhead: Running = field(default_factory=Running)  # seconds of a step outside its forward and drafting
 
     def observe(self, rows: int, nodes: int, seconds: float) -> None:
         """A verification of `nodes` tokens per row for `rows` rows took `seconds`: one token's seconds at this
         many rows, and, once those are known, c(n) as observed at the rows' batch bucket (the measured table's).
         The first verification of each shape is not counted: it pays the kernels' one-time setup for that shape
-        (on a CPU, several times a later one's seconds)."""
+        (on a CPU, several times a later one's seconds). An observed c(n) not seen for `STALE_AFTER` verifications
+        starts afresh when next seen (`fresh_ratio`)."""
+        self.verifications += 1
         if (rows, nodes) not in self.shapes:
             self.shapes.add((rows, nodes))
             return
@@ -256,16 +261,30 @@ class Timings:
             return
         unit = self.unit.get(rows)
         if unit is not None and unit.count >= MIN_SEEN:
-            self.ratio.setdefault((batch_bucket(rows), nodes), Running()).add(seconds / unit.value)
+            key = (batch_bucket(rows), nodes)
+            if self.fresh_ratio(key) is None:
+                self.ratio[key] = Running()
+            self.ratio[key].add(seconds / unit.value)
+            self.seen_at[key] = self.verifications
+
+    def fresh_ratio(self, key: tuple[int, int]) -> Running | None:
+        """The observed c(n) at (bucket, n), unless it was last seen more than `STALE_AFTER` verifications ago. The
+        policy picks sizes by their costs, so a cost observed too high (a burst of load on the machine, a step that
+        paid for more walk rows than most) would keep its size from ever being verified, and corrected, again:
+        forgotten, the size is priced from the measurement until verifications of it are seen anew."""
+        seen = self.ratio.get(key)
+        if seen is None or self.verifications - self.seen_at.get(key, 0) > STALE_AFTER:
+            return None
+        return seen
 
     def costs(self, measured: VerifyCosts, rows: int) -> VerifyCosts:
         """The measured c(n) corrected by what this call's verifications took: at each n seen `MIN_SEEN` times at
-        this batch bucket, the observed c(n); between and beyond them, the measured c(n) times the ratio at the
+        this batch bucket (and lately: `fresh_ratio`), the observed c(n); between and beyond them, the measured c(n) times the ratio at the
         nearest n seen below (the measurement's shape, the observed level). A cold first-call measurement is
         rough: the steps themselves correct it."""
         bucket, table, scale = batch_bucket(rows), [1.0], 1.0
         for n in range(2, len(measured.costs) + 1):
-            seen = self.ratio.get((bucket, n))
+            seen = self.fresh_ratio((bucket, n))
             if seen is not None and seen.count >= MIN_SEEN:
                 scale = seen.value / measured(n)
             table.append(max(table[-1], measured(n) * scale))
