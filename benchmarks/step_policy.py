@@ -11,8 +11,10 @@ A prompt below 0.95x counts only after `--rerun`: it is run again paired with pl
 (plain, method, plain, method, ...), and its speedup becomes the ratio of the summed times of those rounds; the
 rounds go to `reruns.jsonl` (a stopped rerun resumes). So noise is told from loss, and both counts are reported.
 
-    python benchmarks/step_policy.py --bench benchmarks/results/cpu-smollm2-step-policy --rerun \
-        --drafter drafters/smollm2-135m-instruct --readme
+    python benchmarks/step_policy.py --bench benchmarks/results/cpu-smollm2-step-policy --rerun --readme
+
+The rerun loads the target the bench folder names (its run.json) and, unless --drafter names one, the drafter
+shipped for it; a drafter whose weights differ from the bench's is refused.
 """
 
 from __future__ import annotations
@@ -94,12 +96,16 @@ def read_reruns(path: Path) -> dict[tuple[str, str], dict]:
     return {(row["method"], row["question_id"]): row for row in rows}
 
 
-def rerun(bench: Path, drafter_dir: str, slow: dict[str, list[str]], target_name: str) -> None:
+DRAFTERS = Path(__file__).resolve().parent.parent / "drafters"
+SHIPPED_DRAFTERS = {"HuggingFaceTB/SmolLM2-135M-Instruct": DRAFTERS / "smollm2-135m-instruct",
+                    "google/gemma-3-270m": DRAFTERS / "gemma-3-270m"}  # a bench's target (run.json) -> its drafter
+
+
+def rerun(bench: Path, drafter_dir: str | None, slow: dict[str, list[str]]) -> None:
     """Each (method, prompt) of `slow` again, paired with plain in ROUNDS alternating rounds (appended to
-    reruns.jsonl; pairs already there are skipped)."""
+    reruns.jsonl; pairs already there are skipped), with the bench's target and drafter (`bench_models`)."""
     from tqdm.auto import tqdm
 
-    from hf_dynaspec import DynaSpecDrafter
     from hf_dynaspec.bench import run_method
     from hf_dynaspec.bench_prompts import load_bench_prompts
     from hf_dynaspec.targets import encode_formatted, load_target
@@ -110,8 +116,7 @@ def rerun(bench: Path, drafter_dir: str, slow: dict[str, list[str]], target_name
     if not todo:
         return
     run = json.loads((bench / "run.json").read_text())
-    target, tokenizer = load_target(target_name)
-    drafter = DynaSpecDrafter.from_pretrained(drafter_dir)
+    target, tokenizer, drafter = bench_models(run, drafter_dir, load_target)
     source = bench_prompt_source(bench)
     prompts = {row["question_id"]: row for row in load_bench_prompts(None if source == "Spec-Bench" else source)}
     for method, qid in tqdm(todo, desc="rerun", unit="prompt"):
@@ -123,6 +128,24 @@ def rerun(bench: Path, drafter_dir: str, slow: dict[str, list[str]], target_name
         with open(path, "a") as file:
             file.write(json.dumps({"method": method, "question_id": qid, "plain_seconds": plain_s,
                                    "method_seconds": method_s}) + "\n")
+
+
+def bench_models(run: dict, drafter_dir: str | Path | None, load_target) -> tuple:
+    """(target, tokenizer, drafter) a bench folder was measured with: the target its run.json names, the drafter
+    `drafter_dir` or the one shipped for that target, checked against the run's drafter weights digest."""
+    from hf_dynaspec import DynaSpecDrafter
+    from hf_dynaspec.bench import run_identity
+
+    drafter_dir = drafter_dir or SHIPPED_DRAFTERS.get(run["target"])
+    if drafter_dir is None:
+        raise SystemExit(f"the bench ran {run['target']}, which has no shipped drafter here: pass --drafter DIR")
+    target, tokenizer = load_target(run["target"])
+    drafter = DynaSpecDrafter.from_pretrained(drafter_dir).bind(target).eval()  # as the bench digests it
+    digest = run_identity(target, drafter, run["max_new_tokens"], run["prompt_format"])["drafter_weights_sha256"]
+    if digest != run["drafter_weights_sha256"]:
+        raise SystemExit(f"{drafter_dir} is not the drafter this bench measured (weights digest {digest}, the bench's "
+                         f"{run['drafter_weights_sha256']}): pass the bench's drafter with --drafter DIR")
+    return target, tokenizer, drafter
 
 
 def analyse(records: list[Record], reruns: dict[tuple[str, str], dict], meta: dict) -> dict:
@@ -208,8 +231,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=None, help="default: <bench>/step-policy")
     parser.add_argument("--rerun", action="store_true", help="re-run the prompts below 0.95x paired with plain")
     parser.add_argument("--rerun-methods", default=None, help="comma-separated: rerun only these methods' slow prompts")
-    parser.add_argument("--drafter", default="drafters/smollm2-135m-instruct")
-    parser.add_argument("--target", default="smollm2")
+    parser.add_argument("--drafter", default=None, help="default: the drafter shipped for the bench's target")
     parser.add_argument("--readme", action="store_true", help="write the README block step-policy-smollm2")
     args = parser.parse_args(argv)
     out = args.out or args.bench / "step-policy"
@@ -218,7 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
         wanted = args.rerun_methods.split(",") if args.rerun_methods else None
         slow = {m: [q for q, s in by.items() if s < SLOW] for m, by in per_prompt(records).items()
                 if wanted is None or m in wanted}
-        rerun(args.bench, args.drafter, slow, args.target)
+        rerun(args.bench, args.drafter, slow)
     machines = sorted({r.machine for r in records if r.machine})
     meta = {"bench": str(args.bench), "prompts": len({r.question_id for r in records}),
             "max_new_tokens": json.loads((args.bench / "run.json").read_text())["max_new_tokens"],
