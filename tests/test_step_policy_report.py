@@ -7,9 +7,10 @@ import json
 from dataclasses import asdict
 
 import pytest
-from helpers import load_benchmark_script
+from helpers import load_benchmark_script, tiny_drafter, tiny_target
 
-from hf_dynaspec.bench import Record
+from hf_dynaspec import DynaSpecDrafter
+from hf_dynaspec.bench import Record, run_identity
 from hf_dynaspec.generation.stats import SpeculativeStats
 
 
@@ -48,3 +49,26 @@ def test_main_writes_results_from_a_bench_folder(tmp_path):
     result = script.main(["--bench", str(tmp_path)])
     assert (tmp_path / "step-policy" / "results.md").is_file()
     assert result["methods"]["dynaspec"]["below_after_rerun"] == 1  # not rerun: the slow prompt counts
+
+
+def test_a_rerun_loads_the_benchs_target_and_refuses_another_drafter(tmp_path):
+    """The rerun reloads what the bench folder's run.json names; a drafter whose weights differ from the bench's
+    is refused with a message that says what to pass (run on tiny models: the loader is passed in)."""
+    script = load_benchmark_script("step_policy")
+    target = tiny_target()
+    tiny_drafter(target).save_pretrained(tmp_path / "shipped")
+    tiny_drafter(target, seed=1).save_pretrained(tmp_path / "other")
+    bound = DynaSpecDrafter.from_pretrained(tmp_path / "shipped").bind(target).eval()
+    run = {**run_identity(target, bound, 16, "chat"), "target": "some/target"}
+    asked = []
+
+    def load(name):
+        asked.append(name)
+        return target, None
+
+    loaded, _, drafter = script.bench_models(run, tmp_path / "shipped", load)
+    assert asked == ["some/target"] and loaded is target and drafter.config.vocab_size == target.config.vocab_size
+    with pytest.raises(SystemExit, match="not the drafter this bench measured"):
+        script.bench_models(run, tmp_path / "other", load)
+    with pytest.raises(SystemExit, match="no shipped drafter here: pass --drafter"):
+        script.bench_models(run, None, load)
