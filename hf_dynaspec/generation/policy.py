@@ -279,9 +279,9 @@ class Timings:
 
     def costs(self, measured: VerifyCosts, rows: int) -> VerifyCosts:
         """The measured c(n) corrected by what this call's verifications took: at each n seen `MIN_SEEN` times at
-        this batch bucket (and lately: `fresh_ratio`), the observed c(n); between and beyond them, the measured c(n) times the ratio at the
-        nearest n seen below (the measurement's shape, the observed level). A cold first-call measurement is
-        rough: the steps themselves correct it."""
+        this batch bucket (and lately: `fresh_ratio`), the observed c(n); between and beyond them, the measured
+        c(n) times the ratio at the nearest n seen below (the measurement's shape, the observed level). A cold
+        first-call measurement is rough: the steps themselves correct it."""
         bucket, table, scale = batch_bucket(rows), [1.0], 1.0
         for n in range(2, len(measured.costs) + 1):
             seen = self.fresh_ratio((bucket, n))
