@@ -32,6 +32,9 @@ ENV = "HF_DYNASPEC_MEASURE"
 DIR_ENV = "HF_DYNASPEC_MEASUREMENTS"
 MODES = ("disk", "fresh", "memory")
 IGNORED_CONFIG_KEYS = ("_name_or_path", "transformers_version", "_commit_hash", "name_or_path")
+# what the timed forward is, bumped when it changes so that older files are measured again (2: a verification
+# reads grouped key / value heads in place, `grouped_attention`)
+VERSION = 2
 
 
 def measurements_dir() -> Path:
@@ -54,12 +57,12 @@ def thorough() -> bool:
 
 def measurement_key(target: torch.nn.Module, kind: str, settings: dict[str, Any]) -> str:
     """A hash of what decides a measurement: the target's config (its shapes; not its name or path), dtype and
-    device, this machine, and the measurement's `kind` and `settings`."""
+    device, this machine, the measurement's `kind` and `settings`, and what a measured forward is (`VERSION`)."""
     config = {k: v for k, v in target.config.to_dict().items() if k not in IGNORED_CONFIG_KEYS}
     device = target.device
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     identity = dict(kind=kind, settings=settings, config=config, dtype=str(target.dtype), device=device_name,
-                    machine=machine_description(), architecture=type(target).__name__)
+                    machine=machine_description(), architecture=type(target).__name__, version=VERSION)
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

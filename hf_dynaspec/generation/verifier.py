@@ -21,7 +21,7 @@ this forward (`calibration.time_forward`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
@@ -30,6 +30,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from ..masks import target_masks
 from ..target_states import hidden_state_request, select_hidden_states
 from .cache import KeyLayout, keep_paths, keep_rows
+from .grouped_attention import gqa_configs, grouped_attention
 from .head_times import HeadTimes, pad_rows
 from .tree import VerifyTree
 from .verify import NodeLogits, WalkResult, likely_walk, walk_trees
@@ -51,6 +52,11 @@ class Verifier:
     # seconds of the walk head over r gathered rows (`head_times.HeadTimes`): a batch computes every node's logits
     # where that costs no more than its walk rows alone (None: the walk rows)
     head_times: HeadTimes | None = None
+    # configs whose attention reads grouped key / value heads in place during the forward (`grouped_attention`)
+    attention_configs: tuple = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.attention_configs = gqa_configs(self.target)
 
     @property
     def batch_size(self) -> int:
@@ -75,10 +81,11 @@ class Verifier:
         if self.walk_head is not None:
             rows = walk_rows[0] if walk_rows is not None and batch == 1 else []
             keep = {"logits_to_keep": self.walk_head.logits_to_keep(rows, device)}
-        return self.target(
-            input_ids=tokens, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
-            output_hidden_states=hidden_state_request(self.target.config, list(self.feature_layers)), **keep,
-        )
+        with grouped_attention(self.attention_configs):
+            return self.target(
+                input_ids=tokens, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
+                output_hidden_states=hidden_state_request(self.target.config, list(self.feature_layers)), **keep,
+            )
 
     def node_logits(self, out, trees: list[VerifyTree], walk_rows: list[list[int]]) -> list[NodeLogits]:
         """Each row's `NodeLogits` from the forward's output."""
