@@ -123,6 +123,34 @@ def build_card(drafter: Any, target_weights: str, license: str = "apache-2.0",
     )
 
 
+def nested(markdown: str) -> str:
+    """`markdown` set under a card section (##): its first title dropped, its other titles one level deeper,
+    fenced code left as it is."""
+    lines, fenced = [], False
+    for i, line in enumerate(markdown.strip().splitlines()):
+        fenced ^= line.startswith("```")
+        if not fenced and line.startswith("#"):
+            if i == 0:
+                continue
+            line = "#" + line  # ## -> ###: under the card's own ## section
+        lines.append(line)
+    return "\n".join(lines).strip()
+
+
+def step_policy_section(runs: list[Path]) -> tuple[str, str]:
+    """("Step policy", markdown): the per-prompt comparison (`benchmarks/step_policy.py`, its
+    `step-policy/results.md`) of each bench run in `runs`, the newest first."""
+    parts = ["How the default (`step_policy='auto'`: each step verifies only the tree its expected payoff covers, "
+             "down to a plain step) compares with the whole configured tree (`step_policy='off'`) and plain "
+             "`generate()` per prompt, from `benchmarks/step_policy.py`:"]
+    for run in runs:
+        report = run / "step-policy" / "results.md"
+        if not report.is_file():
+            raise FileNotFoundError(f"{report} is missing: run `python benchmarks/step_policy.py --bench {run} --rerun`")
+        parts.append(nested(report.read_text()))
+    return "Step policy", "\n\n".join(parts)
+
+
 def trees_text(drafter: Any, device_types: tuple[str, ...] = ("cpu", "cuda")) -> str:
     """"CPU: `num_draft_nodes=12`, ...; CUDA: ...": the tree `generate()` uses on each device type."""
     parts = []

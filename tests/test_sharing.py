@@ -14,7 +14,15 @@ from huggingface_hub import ModelCard
 
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.cli import main
-from hf_dynaspec.sharing import REPO_PLACEHOLDER, TREE_TUNING, publish_files, save_for_sharing, shared_files
+from hf_dynaspec.sharing import (
+    REPO_PLACEHOLDER,
+    TREE_TUNING,
+    nested,
+    publish_files,
+    save_for_sharing,
+    shared_files,
+    step_policy_section,
+)
 from hf_dynaspec.targets import byte_level_tokenizer
 
 
@@ -80,3 +88,19 @@ def test_publishing_fills_the_repo_id(shared, tmp_path):
     assert REPO_PLACEHOLDER not in (copy / "README.md").read_text()
     assert 'DynaSpecDrafter.from_pretrained("me/tiny-drafter")' in (copy / "README.md").read_text()
     assert "DRAFTER = 'me/tiny-drafter'" in (copy / "custom_generate" / "generate.py").read_text()
+
+
+def test_a_card_holds_each_runs_step_policy_report_under_its_own_section(tmp_path):
+    runs = []
+    for name in ("newer", "older"):
+        (tmp_path / name / "step-policy").mkdir(parents=True)
+        (tmp_path / name / "step-policy" / "results.md").write_text(
+            f"# Per-prompt speedups\n\nrun {name}\n\n## detail\n\n```\n# not a title\n```\n")
+        runs.append(tmp_path / name)
+    title, text = step_policy_section(runs)
+    assert title == "Step policy"
+    assert text.index("run newer") < text.index("run older")
+    assert "# Per-prompt speedups" not in text and text.count("### detail") == 2 and "# not a title" in text
+    assert nested("# a\n\n## b\nc") == "### b\nc"
+    with pytest.raises(FileNotFoundError, match="step_policy.py --bench"):
+        step_policy_section([tmp_path / "missing"])

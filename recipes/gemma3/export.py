@@ -20,7 +20,8 @@ come from `training.md` beside this script and from the runs' generated files, n
 sections from the same run folders) without its training checkpoint or the target:
 
     python recipes/gemma3/export.py --card-only --conditions benchmarks/results/cpu-gemma3-ml-languages \
-        --runs benchmarks/results/cpu-gemma3-ml-{languages,code,spec-bench}
+        --runs benchmarks/results/cpu-gemma3-ml-{languages,code,spec-bench} \
+        --step-policy benchmarks/results/cpu-gemma3-step-policy-gqa-intel
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.bench import method_settings
-from hf_dynaspec.sharing import build_card, copy_tree_tuning
+from hf_dynaspec.sharing import build_card, copy_tree_tuning, nested, step_policy_section
 from hf_dynaspec.targets import GEMMA3_HUB_ID, load_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,28 +61,15 @@ def default_mode(conditions: Path) -> dict:
     return {k: v for k, v in method_settings(found).items() if k in ("head_mode", "static_size")}
 
 
-def nested(markdown: str) -> str:
-    """`markdown` set under a card section (##): its first title dropped, its other titles one level deeper,
-    fenced code left as it is."""
-    lines, fenced = [], False
-    for i, line in enumerate(markdown.strip().splitlines()):
-        fenced ^= line.startswith("```")
-        if not fenced and line.startswith("#"):
-            if i == 0:
-                continue
-            line = "#" + line  # ## -> ###: under the card's own ## section
-        lines.append(line)
-    return "\n".join(lines).strip()
-
-
-def sections(conditions: Path, runs: list[Path], head: Path) -> list[tuple[str, str]]:
-    """(title, markdown) of the card: training, the issue's conditions and each whole run, the head costs, the
-    terms."""
+def sections(conditions: Path, runs: list[Path], head: Path, step_policy: list[Path] = ()) -> list[tuple[str, str]]:
+    """(title, markdown) of the card: training, the issue's conditions and each whole run, the step policy's
+    per-prompt comparisons (if any), the head costs, the terms."""
     parts = [(conditions / "conditions.md").read_text().strip()]
     for run in runs:
         parts += [f"The whole run, `{run.name}`:", nested((run / "results.md").read_text())]
     costs = nested((head / "results.md").read_text())  # benchmarks/bench_head.py --out
-    return [("Training", nested((HERE / "training.md").read_text())), ("Results", "\n\n".join(parts)),
+    policy = [step_policy_section(step_policy)] if step_policy else []
+    return [("Training", nested((HERE / "training.md").read_text())), ("Results", "\n\n".join(parts)), *policy,
             ("Head cost at 262,144 tokens", costs), ("Gemma terms", TERMS)]
 
 
@@ -92,6 +80,8 @@ def main() -> None:
                         help="the folder of the report's conditions.md / conditions.json (not with --weights-only)")
     parser.add_argument("--runs", type=Path, nargs="+", default=[], help="bench run folders whose results.md the card "
                                                                          "holds whole")
+    parser.add_argument("--step-policy", type=Path, nargs="+", default=[],
+                        help="bench run folders whose step-policy/results.md (benchmarks/step_policy.py) the card holds")
     parser.add_argument("--head", type=Path, default=ROOT / "benchmarks/results/cpu-gemma3-270m-head")
     parser.add_argument("--out", type=Path, default=ROOT / "drafters/gemma-3-270m")
     parser.add_argument("--weights-only", action="store_true",
@@ -105,7 +95,7 @@ def main() -> None:
         if args.weights_only:
             parser.error("--card-only rebuilds a measured card: give --conditions, not --weights-only")
         drafter = DynaSpecDrafter.from_pretrained(args.out)
-        build_card(drafter, TARGET_WEIGHTS, "gemma", sections(args.conditions, args.runs, args.head)).save(
+        build_card(drafter, TARGET_WEIGHTS, "gemma", sections(args.conditions, args.runs, args.head, args.step_policy)).save(
             args.out / "README.md")
         print(f"card rebuilt: {args.out / 'README.md'}")
         return
@@ -121,7 +111,7 @@ def main() -> None:
         training = nested((HERE / "training.md").read_text())
         parts = [("Training", training), ("Results", PENDING), ("Gemma terms", TERMS)]
     else:
-        parts = sections(args.conditions, args.runs, args.head)
+        parts = sections(args.conditions, args.runs, args.head, args.step_policy)
     build_card(drafter, TARGET_WEIGHTS, "gemma", parts).save(args.out / "README.md")
     print(f"{'weights and a card without results' if args.weights_only else 'exported'} to {args.out}: {sorted(p.name for p in args.out.iterdir())}")
 

@@ -8,8 +8,8 @@ without its training checkpoint.
 
     python recipes/smollm2/export.py --ckpt runs/smollm2/ckpt2 --bench benchmarks/results/cpu-smollm2-full \
         --out drafters/smollm2-135m-instruct
-    python recipes/smollm2/export.py --card-only --bench benchmarks/results/cpu-smollm2-full \
-        --quality benchmarks/results/cpu-smollm2-gsm8k-quality
+    python recipes/smollm2/export.py --card-only --bench benchmarks/results/cpu-smollm2-eagle3-stage3 \
+        --quality benchmarks/results/cpu-smollm2-gsm8k-quality --step-policy benchmarks/results/cpu-smollm2-step-policy-gqa-intel
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from summarize import quality_text, summary_text  # recipes/smollm2/summarize.py
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.machine import machine_description
-from hf_dynaspec.sharing import build_card, copy_tree_tuning
+from hf_dynaspec.sharing import build_card, copy_tree_tuning, step_policy_section
 from hf_dynaspec.targets import SMOLLM2_GGUF, load_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,8 +34,9 @@ TARGET_WEIGHTS = (
 )
 
 
-def results_sections(bench: Path, quality: Path | None = None) -> list[tuple[str, str]]:
-    """(title, markdown) of the card's training and results sections (with the sampling-quality run, if any)."""
+def results_sections(bench: Path, quality: Path | None = None, step_policy: list[Path] = ()) -> list[tuple[str, str]]:
+    """(title, markdown) of the card's training and results sections (with the sampling-quality run and the step
+    policy's per-prompt comparisons, if any)."""
     measured, tables = bench / "results.json", bench / "results.md"
     meta = json.loads(measured.read_text())["meta"] if measured.is_file() else {}
     results = "Not measured yet."
@@ -45,7 +46,8 @@ def results_sections(bench: Path, quality: Path | None = None) -> list[tuple[str
         results = f"{summary_text(bench)}\n\nThe whole run (`hf-dynaspec bench`):\n\n{whole}\nHardware: {hardware}."
     if quality is not None and (quality / "results.json").is_file():
         results += "\n\n" + quality_text(quality)
-    return [("Training", (HERE / "training.md").read_text().strip()), ("Results", results)]
+    policy = [step_policy_section(step_policy)] if step_policy else []
+    return [("Training", (HERE / "training.md").read_text().strip()), ("Results", results), *policy]
 
 
 def main() -> None:
@@ -55,6 +57,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "drafters/smollm2-135m-instruct")
     parser.add_argument("--card-only", action="store_true", help="rebuild card and tokenizer of --out only")
     parser.add_argument("--quality", type=Path, default=None, help="folder of a `hf-dynaspec quality` run")
+    parser.add_argument("--step-policy", type=Path, nargs="+", default=[],
+                        help="bench run folders whose step-policy/results.md (benchmarks/step_policy.py) the card holds")
     parser.add_argument("--generation-config", type=json.loads, default=None,
                         help='speculative defaults to ship, e.g. \'{"num_draft_nodes": 8, "draft_depth": 4}\'')
     args = parser.parse_args()
@@ -72,7 +76,7 @@ def main() -> None:
     else:
         drafter.to(torch.bfloat16).save_pretrained(args.out, tokenizer=tokenizer)
         copy_tree_tuning(args.ckpt, args.out)  # the evidence for the default tree (tune_tree.py --write)
-    build_card(drafter, TARGET_WEIGHTS, "apache-2.0", results_sections(args.bench, args.quality)).save(args.out / "README.md")
+    build_card(drafter, TARGET_WEIGHTS, "apache-2.0", results_sections(args.bench, args.quality, args.step_policy)).save(args.out / "README.md")
     print(f"exported to {args.out}: {sorted(p.name for p in args.out.iterdir())}")
 
 
