@@ -10,7 +10,8 @@ cost that grows with the context where the plain step it is compared with pays n
 `grouped_attention(configs)` points the target's attention at `sdpa_gqa_attention` for one forward (the
 configs `gqa_configs` found: those of attention modules with grouped heads using "sdpa" on a CPU) and puts the
 user's setting back after it; every other call (one query, no mask, a position bias or softcap, another device)
-goes to transformers' own `sdpa_attention_forward` unchanged.
+goes to transformers' own `sdpa_attention_forward` unchanged. Another thread's forward of the same model in the
+meantime would attend through it too, with the same results.
 
     python -m pytest tests/test_grouped_attention.py -q
 """
