@@ -5,9 +5,11 @@ heads or on another attention implementation."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
-from helpers import greedy, prompt, speculative, tiny_drafter, tiny_target
+from helpers import greedy, load_benchmark_script, prompt, speculative, tiny_drafter, tiny_target
 from transformers import DynamicCache
 from transformers.integrations import sdpa_attention
 
@@ -64,3 +66,14 @@ def test_speculative_greedy_stays_plain_greedy_over_grouped_heads(one_thread):
     ids = prompt(12)
     assert torch.equal(speculative(target, drafter, ids, max_new_tokens=24), greedy(target, ids, max_new_tokens=24))
     assert target.config._attn_implementation == "sdpa"
+
+
+def test_the_benchmark_times_both_paths_and_reports_each_shape(tmp_path, monkeypatch, one_thread):
+    bench = load_benchmark_script("bench_grouped_attention")
+    monkeypatch.setattr("sys.argv", ["bench_grouped_attention.py", "--target", "tiny", "--contexts", "8", "16",
+                                     "--nodes", "2", "--repeats", "2", "--threads", "1", "--out", str(tmp_path)])
+    bench.main()
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [(r["context"], r["n"]) for r in rows] == [(8, 2), (16, 2)]
+    assert all(r["copied"] > 0 and r["in_place"] > 0 for r in rows)
+    assert "| 16 | 2 |" in (tmp_path / "results.md").read_text()
