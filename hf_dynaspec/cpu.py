@@ -9,10 +9,10 @@ weight as the transposed view of a contiguous (in, out) tensor: same shape, same
 sharing (tied embeddings stay tied), only the strides change, so BLAS takes the fast path. Outputs are the
 products of the same numbers; use it for plain and speculative decoding alike (`--cpu-layout` in the CLI).
 
-Whole-model effect, SmolLM2-135M fp32 with 2 threads (`benchmarks/bench_verify.py`): a forward over 13
-tokens drops from 78 to 70 ms and over 14 from 81 to 71 ms, but over 2-3 tokens it rises from 38-40 to
-45-48 ms (multi-threaded BLAS splits small products differently). So it is opt-in: it pays for trees of ten
-nodes or more, not for the short chains that are fastest on small CPUs.
+Whole-model effect (`benchmarks/bench_verify.py`, SmolLM2-135M fp32 with 2 threads:
+`benchmarks/results/cpu-smollm2-verify-cost`, quoted in docs/architecture.md): forwards over ten or more tokens get
+cheaper, over 2-3 tokens dearer (multi-threaded BLAS splits small products differently). So it is opt-in: it pays
+for trees of ten nodes or more, not for the short chains that are fastest on small CPUs.
 
     python -c "
     from hf_dynaspec.targets import load_target; from hf_dynaspec.cpu import prepare_for_cpu
