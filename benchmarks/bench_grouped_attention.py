@@ -3,8 +3,9 @@
 Times the verifier's forward (`calibration.time_forward`: a chain of n nodes after `context` cached tokens, the walk
 rows' logits included) with the target's attention as the verifier runs it (grouped heads read in place) and as
 transformers' SDPA path runs a masked forward (`repeat_kv`: each layer's keys and values copied once per query
-group), one after the other at each shape, each figure the median of --repeats runs (after one untimed warm-up of both) (that both give the same logits
-bit for bit is tested: tests/test_grouped_attention.py). Writes results.json / results.md under --out.
+group), one after the other at each shape, each figure the median of --repeats runs, after one untimed warm-up
+of both paths. That both give the same logits bit for bit is tested (tests/test_grouped_attention.py). Writes
+results.json / results.md under --out.
 
     python benchmarks/bench_grouped_attention.py --target smollm2 --out benchmarks/results/cpu-smollm2-grouped-attention
 """
