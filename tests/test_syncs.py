@@ -106,7 +106,7 @@ def test_lanes_read_fewer_values_than_the_union(target):
 def test_device_drafting_reads_at_most_three_values_per_step(target, monkeypatch, head_mode):
     """As a GPU decodes (every node's logits at once, no CPU walk head): the tree read once, the walk's path once,
     the stopping criteria once; nothing inside a draft call but the tree's one read."""
-    monkeypatch.setattr(decoding, "walk_head_for", lambda *args: None)
+    monkeypatch.setattr(decoding, "walk_head_for", lambda *args: (None, None))
     drafter = tiny_drafter(target)
     draft_reads: list[int] = []
     original = decoding.DynaSpecCandidateGenerator._draft_fixed

@@ -25,6 +25,7 @@ from transformers import DynamicCache
 from ..generation_config import DraftSettings
 from . import measured
 from .cache import KeyLayout, crop_cache
+from .head_learner import HeadLearner, learner_key
 from .head_times import HeadTimes
 from .policy import VerifyCosts, are_positive_costs, batch_bucket
 from .syncs import wall_seconds
@@ -46,6 +47,7 @@ _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> 
 _WALK_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {setting: WalkHead}
 _LAYOUT_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {(layout, weights): WalkHead}
 _HEAD_TIMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {(layout, threads): HeadTimes}
+_LEARNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {setting: HeadLearner}
 
 
 @torch.no_grad()
@@ -299,22 +301,24 @@ def step_costs(settings: DraftSettings, target: torch.nn.Module, walk_head: Walk
 
 
 def walk_head_for(target: torch.nn.Module, wanted: str, greedy_only: bool, hidden: torch.Tensor, raw: torch.Tensor,
-                  batch: int = 1) -> WalkHead | None:
+                  batch: int = 1) -> tuple[WalkHead | None, HeadLearner | None]:
     """How verification applies the target's LM head to `batch` rows (None: every node's logits in the
-    verification pass).
+    verification pass), and, for "auto" on the walk path, the learner that picks each step's layout.
 
-    On CPU the head's cost grows with its rows: "auto" applies it only along the walk, in the layout and with the
-    rows at once that are cheapest here for this many rows (measured once per target), the greedy-only
-    "prefilter" among them when `greedy_only` (no sampling, logits processors or kept scores) and the head qualifies; a target whose logits
-    its head does not reproduce from the final hidden state (1, d) (`raw` (1, V): unknown post-processing)
-    verifies with full logits. A named layout is used as asked, or refused with the reason."""
+    On a CPU the head's cost grows with its rows: "auto" applies it only along the walk, in the layout that is
+    cheapest here, learned from the call's own verifications (`head_learner.HeadLearner`: from what an earlier
+    process learned, else from the model's own layout, or a full timing where one was taken: `measure_walk_head`),
+    the greedy-only "prefilter" among the layouts when `greedy_only` (no sampling, logits processors or kept
+    scores) and the head qualifies; a target whose logits its head does not reproduce from the final hidden state
+    (1, d) (`raw` (1, V): unknown post-processing) verifies with full logits. A named layout is used as asked (no
+    learner), or refused with the reason."""
     if wanted == "full":
-        return None
+        return None, None
     walk_path = (target.device.type == "cpu" and target.get_output_embeddings() is not None
                  and target._supports_logits_to_keep())
     if not walk_path:
         if wanted == "auto":
-            return None
+            return None, None
         raise ValueError(f"verify_head={wanted!r} applies the LM head along the walk, for a CPU target whose model "
                          f"takes `logits_to_keep`; this one runs on {target.device.type!r}. Use 'auto' or 'full'.")
     if wanted == "auto":
@@ -326,8 +330,44 @@ def walk_head_for(target: torch.nn.Module, wanted: str, greedy_only: bool, hidde
         layouts = (wanted,)
     walk_head = measure_walk_head(target, layouts=layouts, batch=batch)
     if walk_head.reproduces(hidden, raw):
-        return walk_head
+        if wanted != "auto":
+            return walk_head, None
+        learner = head_learner(target, layouts, walk_head)
+        if learner.knows(batch * learner.rows):  # an earlier call learned the layouts: start from its choice
+            walk_head = learner.plain_head(learner.choice(batch * learner.rows))
+        return walk_head, learner
     if wanted != "auto":
         raise ValueError(f"verify_head={wanted!r}: this target's logits are not its LM head's output (post-processing"
                          " the walk head does not know). Use 'full' or 'auto'.")
-    return None
+    return None, None
+
+
+def head_learner(target: torch.nn.Module, layouts: tuple[str, ...], start: WalkHead) -> HeadLearner:
+    """The learner of `target`'s walk head layout among `layouts` (`start`'s layout first, its rows at once for
+    all), one per process, target, layouts and head weights (its heads hold copies of the weights), starting from
+    what is kept on disk."""
+    weight = target.get_output_embeddings().weight
+    weights = (weight.data_ptr(), weight._version)
+    ordered = (start.layout, *(layout for layout in layouts if layout != start.layout))
+    key = (ordered, start.rows, torch.get_num_threads(), weights)
+    memo = _LEARNERS.setdefault(target, {})
+    if key not in memo:
+        for stale in [old for old in memo if old[-1] != weights]:
+            del memo[stale]
+        memo[key] = HeadLearner.of(ordered, lambda layout: exact_layout_head(target, layout), start.rows,
+                                   learner_key(target, tuple(sorted(layouts)), start.rows))
+    return memo[key]
+
+
+def forget_learners() -> None:
+    """Drop every target's layout learner in this process (the next call starts from what is kept on disk)."""
+    _LEARNERS.clear()
+
+
+def exact_layout_head(target: torch.nn.Module, layout: str) -> WalkHead | None:
+    """`layout_head`, or None where its picks are not exact on this machine (the prefilter's bf16 GEMM erring
+    beyond the bound its exactness rests on, `exact_walk_head`)."""
+    head = layout_head(target, layout)
+    weight = target.get_output_embeddings().weight
+    hidden = torch.randn(MAX_WALK_ROWS, weight.shape[1], device=target.device, dtype=weight.dtype)
+    return head if head.error_over_bound(hidden) < PREFILTER_SAFETY else None

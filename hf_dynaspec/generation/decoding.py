@@ -45,12 +45,16 @@ from .policy import (
     VerifyCosts,
     choose_options,
     probing_rows,
+    relaid_costs,
     trim_trees,
 )
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
 from .syncs import HostSyncCounter
 from .tree import VerifyTree, lookup_tree
 from .verifier import Verifier
+from .walk_head import WalkHead
+
+LAYOUT_SWITCH_MARGIN = 0.95  # the policy's costs follow a learned layout at least 5% faster than theirs
 
 
 @dataclass
@@ -115,6 +119,8 @@ class _Batch:
     stats: SpeculativeStats
     settings: DraftSettings
     quiet_steps: int = 0  # steps in a row without any row drafting (`policy.probing_rows`)
+    measured_head: WalkHead | None = None  # the walk head the policy's costs are measured with (`planning_costs`)
+    costs_layout: str | None = None  # with a layout learner: the layout the policy's costs are for
 
     def running_rows(self) -> list[_Run]:
         return [self.rows[i] for i in self.running]
@@ -154,6 +160,8 @@ def speculative_decode(
             if decoded:  # the policy of the row that took the most steps: the most it learned
                 longest = max(decoded, key=lambda row: row.stats.steps)
                 keep_policy(drafter, target, policy_key(settings, generation_config), longest.policy)
+            if batch.verifier.learner is not None:
+                batch.verifier.learner.save()  # what the call learned of the head's layouts, for the next process
     if streamer is not None:
         streamer.end()
     return build_output(batch, generation_config)
@@ -217,11 +225,12 @@ def prefill(target: torch.nn.Module, rows: list[_Run], ids: torch.LongTensor, at
         raw = out.logits[:, -1].float()  # (B, V)
     greedy_only = not config.do_sample and not len(rows[0].logits_processor) and not rows[0].keep_scores
     with stats.timer("setup"):  # measured once per target shape and machine (kept on disk), then memoised
-        walk_head = walk_head_for(target, settings.verify_head, greedy_only, out.hidden_states[-1][0, -1:], raw[:1],
-                                  len(rows))
+        walk_head, learner = walk_head_for(target, settings.verify_head, greedy_only, out.hidden_states[-1][0, -1:],
+                                           raw[:1], len(rows))
         times = head_times(target, walk_head) if len(rows) > 1 else None  # one row: its walk rows, as calibrated
+    times_of = (lambda head: head_times(target, head)) if len(rows) > 1 else None
     verifier = Verifier(target, cache, keys, walk_head, tuple(feature_layers), rows[0].logits_processor,
-                        bool(config.do_sample), rows[0].keep_scores, times)
+                        bool(config.do_sample), rows[0].keep_scores, times, learner, times_of)
     all_features = select_hidden_states(out.hidden_states, feature_layers)  # (B, T', k * d)
     features = []
     with stats.timer("prefill", target.device):
@@ -233,7 +242,8 @@ def prefill(target: torch.nn.Module, rows: list[_Run], ids: torch.LongTensor, at
             length = row.input_ids.shape[1]
             row.emit([token], [scores], [raw[b : b + 1]])
             features.append(all_features[b, ids.shape[1] - length :])  # (L_b, k * d): the row's real tokens
-    batch = _Batch(rows, verifier, list(range(len(rows))), stats, settings)
+    batch = _Batch(rows, verifier, list(range(len(rows))), stats, settings, measured_head=walk_head,
+                   costs_layout=walk_head.layout if walk_head is not None else None)
     drop_finished(batch)
     return batch, features
 
@@ -245,7 +255,7 @@ def start_rows(batch: _Batch, target: torch.nn.Module, drafter: DynaSpecDrafter,
     `learned.start_policy`)."""
     config, settings = batch.rows[0].generation_config, batch.settings
     with batch.stats.timer("setup"):
-        costs = step_costs(settings, target, batch.verifier.walk_head, len(batch.running))
+        costs = planning_costs(batch, target, len(batch.running))
     for index in batch.running:
         row = batch.rows[index]
         if costs is not None:  # the rows share one drafter and target: one set of timings
@@ -309,13 +319,15 @@ def speculative_step(target: torch.nn.Module, batch: _Batch) -> None:
         spread = row.policy.spread(tree) if row.policy is not None and tree.num_nodes > 1 else 0.0  # before `record`
         row.stats.add_prediction(plan.kind, step.predicted, len(walk.new_tokens), tree.num_nodes - 1, spread)
         if row.policy is not None:
-            timed = {**step.seconds, "verify": verify_seconds} if b == 0 else step.seconds  # shared timings
+            shared = b == 0 and not batch.verifier.exploring  # a step exploring a layout is no cost to plan with
+            timed = {**step.seconds, "verify": verify_seconds} if shared else step.seconds
             row.policy.record(plan, tree, walk.path, timed, verified, len(rows), step.drafting, step.drafted,
                               step.catching)
     batch.verifier.commit([walk.path for walk in walks])
     if rows[0].policy is not None:  # the rest of the step: what every kind of step pays besides its forward
         drafting = sum(sum(step.seconds.values()) for step in chosen)  # catch-ups, prompt reads, rounds
         rows[0].policy.timings.observe_overhead(time.perf_counter() - step_start - verify_seconds - drafting)
+    follow_learned_layout(batch, target)
     drop_finished(batch, target)
 
 
@@ -330,9 +342,45 @@ def drop_finished(batch: _Batch, target: torch.nn.Module | None = None) -> None:
     batch.verifier.keep_rows(keep)
     if target is not None and batch.settings.step_policy != "off":
         with batch.stats.timer("setup"):
-            costs = step_costs(batch.settings, target, batch.verifier.walk_head, len(keep))
+            costs = planning_costs(batch, target, len(keep))
         for row in batch.running_rows():
             row.policy.costs = costs
+
+
+def planning_costs(batch: _Batch, target: torch.nn.Module, rows: int) -> VerifyCosts | None:
+    """The c(n) the step policy plans with at `rows` rows: measured with the head the call started with
+    (`calibration.step_costs`), and, once a layout learner chose another layout (`costs_layout`), re-laid for that
+    layout's head seconds (`follow_learned_layout`)."""
+    costs = step_costs(batch.settings, target, batch.measured_head, rows)
+    learner, start = batch.verifier.learner, batch.measured_head
+    if costs is None or learner is None or start is None or batch.costs_layout in (None, start.layout):
+        return costs
+    policy = batch.rows[batch.running[0]].policy
+    old, new = learner.walk_seconds(start.layout, rows), learner.walk_seconds(batch.costs_layout, rows)
+    unit = policy.timings.plain.value if policy is not None else None
+    if old is None or new is None or not unit:
+        return costs
+    return relaid_costs(costs, unit, old, new)
+
+
+def follow_learned_layout(batch: _Batch, target: torch.nn.Module) -> None:
+    """Once the layout learner's choice at this batch's walk rows beats the layout the policy's costs are for by
+    `LAYOUT_SWITCH_MARGIN`, the policy plans with that layout's costs (`planning_costs`: re-laid from the
+    measurement, nothing timed) and forgets what it observed of the old layout's verifications
+    (`Timings.forget_verifications`)."""
+    learner, rows = batch.verifier.learner, batch.running_rows()
+    if learner is None or rows[0].policy is None or rows[0].policy.timings.plain.value is None:
+        return
+    walk_rows = len(rows) * learner.rows
+    new, old = learner.choice(walk_rows), batch.costs_layout
+    now, before = learner.estimate(new, walk_rows), learner.estimate(old, walk_rows)
+    if new == old or now is None or before is not None and now > LAYOUT_SWITCH_MARGIN * before:
+        return
+    batch.costs_layout = new
+    costs = planning_costs(batch, target, len(rows))
+    rows[0].policy.timings.forget_verifications()  # the rows share one `Timings`
+    for row in rows:
+        row.policy.costs = costs
 
 
 @dataclass

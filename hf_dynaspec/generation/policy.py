@@ -108,6 +108,20 @@ class VerifyCosts:
         return float(self.costs[-1] + (n - known) * slope)
 
 
+def relaid_costs(costs: VerifyCosts, unit: float, old: Sequence[float], new: Sequence[float]) -> VerifyCosts:
+    """c(n) once verification applies the LM head to its walk rows in another layout: each forward's seconds,
+    c(n) * `unit` (`unit`: seconds of c(1)), less the `old` layout's head seconds for its w = min(n, R) walk rows,
+    plus the `new` one's, over the same for n = 1 (`old` / `new`: seconds for 1..R walk rows). Non-decreasing."""
+    def seconds(n: int) -> float:
+        w = min(n, len(old))
+        return max(costs(n) * unit - old[w - 1] + new[w - 1], 1e-3 * unit)
+
+    base, table = seconds(1), [1.0]
+    for n in range(2, len(costs.costs) + 1):
+        table.append(max(table[-1], seconds(n) / base))
+    return VerifyCosts(tuple(table))
+
+
 @dataclass
 class Calibration:
     """Per depth d (1-based): drafter nodes tested (sum of q) and accepted -> kappa_d; lookup nodes tested and
@@ -266,6 +280,13 @@ class Timings:
                 self.ratio[key] = Running()
             self.ratio[key].add(seconds / unit.value)
             self.seen_at[key] = self.verifications
+
+    def forget_verifications(self) -> None:
+        """Forget the verification costs observed so far (their layout of the LM head was replaced:
+        `decoding.follow_learned_layout`); plain-step seconds and the drafter's timings are kept."""
+        self.unit.clear()
+        self.ratio.clear()
+        self.seen_at.clear()
 
     def fresh_ratio(self, key: tuple[int, int]) -> Running | None:
         """The observed c(n) at (bucket, n), unless it was last seen more than `STALE_AFTER` verifications ago. The

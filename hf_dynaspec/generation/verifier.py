@@ -21,6 +21,7 @@ this forward (`calibration.time_forward`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +32,7 @@ from ..masks import target_masks
 from ..target_states import hidden_state_request, select_hidden_states
 from .cache import KeyLayout, keep_paths, keep_rows
 from .grouped_attention import gqa_configs, grouped_attention
+from .head_learner import HeadLearner
 from .head_times import HeadTimes, pad_rows
 from .tree import VerifyTree
 from .verify import NodeLogits, WalkResult, likely_walk, walk_trees
@@ -52,6 +54,11 @@ class Verifier:
     # seconds of the walk head over r gathered rows (`head_times.HeadTimes`): a batch computes every node's logits
     # where that costs no more than its walk rows alone (None: the walk rows)
     head_times: HeadTimes | None = None
+    # verify_head="auto": the layout of each step's walk head learned from timed applications (None: `walk_head`
+    # throughout); `times_of` gives a batch's head timings for a layout the learner picks (None: no batch timings)
+    learner: HeadLearner | None = None
+    times_of: Callable[[WalkHead], HeadTimes | None] | None = None
+    exploring: bool = False  # the last step applied a layout other than the learner's choice (`use_learned_head`)
     # configs whose attention reads grouped key / value heads in place during the forward (`grouped_attention`)
     attention_configs: tuple = field(init=False, repr=False)
 
@@ -98,9 +105,9 @@ class Verifier:
         gathered = torch.cat([hidden[b, rows] for b, rows in enumerate(walk_rows)])  # (R, d), R = sum r_b
         if self.head_times is not None:  # at the row count timed cheapest (zero rows added, then dropped)
             size = self.head_times.padded(gathered.shape[0])
-            made = self.walk_head.apply(pad_rows(gathered, size))[: gathered.shape[0]]  # logits (R, V)
+            made = self.walk_head.timed(pad_rows(gathered, size))[: gathered.shape[0]]  # logits (R, V)
         else:
-            made = self.walk_head.apply(gathered)  # logits (R, V), or picks (R ids) in a greedy layout
+            made = self.walk_head.timed(gathered)  # logits (R, V), or picks (R ids) in a greedy layout
         result, start = [], 0
         for b, rows in enumerate(walk_rows):
             known, picks = self.walk_head.split(rows, made[start : start + len(rows)])
@@ -126,13 +133,26 @@ class Verifier:
         """One forward over every row's tree, then each row's walk with its committed sequence (1, L + 1) (root
         last, left padding included: what its processors see). Returns the walks and each row's drafter features
         at its tree's nodes (n_b, k * d)."""
+        if self.learner is not None:
+            self.use_learned_head(trees)
         walk_rows = self.walk_rows(trees)
         out = self.forward(trees, walk_rows)
         logits = self.node_logits(out, trees, walk_rows)
         features = select_hidden_states(out.hidden_states, list(self.feature_layers))  # (B, N, k * d)
         processors = self.logits_processor if self.logits_processor is not None else LogitsProcessorList()
         walks = walk_trees(trees, logits, sequences, processors, self.do_sample, self.keep_scores)
+        if self.learner is not None:
+            self.learner.close()  # every head application of this step's walks timed
         return walks, [features[b, : t.num_nodes] for b, t in enumerate(trees)]
+
+    def use_learned_head(self, trees: list[VerifyTree]) -> None:
+        """The learner's head for this step's walk rows (every row's likeliest walk, `learner.rows` each, gathered):
+        exploring a layout, re-checking one, or its choice (`head_learner.HeadLearner.next_layout`)."""
+        rows = sum(len(likely_walk(t, self.learner.rows)) for t in trees)
+        head, self.exploring = self.learner.pick(rows)
+        if head is not self.walk_head:
+            self.walk_head = head
+            self.head_times = self.times_of(head) if self.times_of is not None else None
 
     def commit(self, paths: list[list[int]]) -> None:
         """Each row keeps its accepted path of the last verified block (`cache.keep_paths`)."""

@@ -160,7 +160,7 @@ def fill_together(logits: list[NodeLogits], nodes: list[list[int]]) -> None:
     (shared) head to the rows' final hidden states gathered."""
     head = logits[0].head
     gathered = torch.cat([lg.hidden[rows] for lg, rows in zip(logits, nodes)])  # (sum r_k, d)
-    made = head.apply(gathered)  # logits (sum r_k, V), or picks in a greedy layout
+    made = head.timed(gathered)  # logits (sum r_k, V), or picks in a greedy layout
     start = 0
     for lg, rows in zip(logits, nodes):
         lg.filled(rows, made[start : start + len(rows)])

@@ -24,7 +24,9 @@ past r priced one by one: an upper bound, as the walk makes them r at a time, `v
 from __future__ import annotations
 
 import math
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -50,6 +52,7 @@ class WalkHead(ABC):
     transform: LogitTransform = LogitTransform()
     rows: int = 1
     seconds: dict[str, tuple[float, ...]] = field(default_factory=dict, compare=False)
+    observe: Callable[[str, int, float], None] | None = field(default=None, compare=False, repr=False)
 
     @staticmethod
     def of(target: torch.nn.Module, rows: int = 1, layout: str = "rows") -> WalkHead:
@@ -80,7 +83,17 @@ class WalkHead(ABC):
         """From the output of a verification pass asked with `logits_to_keep(rows)` (final hidden states kept):
         the walk rows' raw logits, each (1, V) fp32, and their greedy picks where the layout makes picks instead
         (`split`)."""
-        return self.split(rows, self.apply(out.hidden_states[-1][0, rows]))  # (r, d) -> r rows
+        return self.split(rows, self.timed(out.hidden_states[-1][0, rows]))  # (r, d) -> r rows
+
+    def timed(self, hidden: torch.Tensor) -> Made:
+        """`apply`, its wall seconds told to `observe` when set (the CPU walk path: `apply` returns computed values,
+        nothing is left queued on a device)."""
+        if self.observe is None:
+            return self.apply(hidden)
+        start = time.perf_counter()
+        made = self.apply(hidden)
+        self.observe(self.layout, hidden.shape[0], time.perf_counter() - start)
+        return made
 
     @abstractmethod
     def apply(self, hidden: torch.Tensor) -> Made:
@@ -129,10 +142,14 @@ class RowsHead(LogitsHead):
     layout: ClassVar[str] = "rows"
 
     def logits_to_keep(self, rows: list[int], device: torch.device) -> torch.Tensor:
-        """The walk rows: the model's own head computes them in the verification pass."""
-        return torch.tensor(rows, dtype=torch.long, device=device)
+        """The walk rows: the model's own head computes them in the verification pass (when timed, `observe`: after
+        it, on the final hidden states, as the other layouts do)."""
+        return super().logits_to_keep(rows, device) if self.observe else torch.tensor(rows, dtype=torch.long,
+                                                                                      device=device)
 
     def walk(self, out, rows: list[int]) -> tuple[dict[int, torch.Tensor], dict[int, int]]:
+        if self.observe:
+            return super().walk(out, rows)
         return self.split(rows, out.logits[0].float())  # (r, V) the rows the pass kept
 
 
