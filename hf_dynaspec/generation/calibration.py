@@ -155,10 +155,16 @@ def head_times(target: torch.nn.Module, walk_head: WalkHead | None) -> HeadTimes
 
 
 def measured_walk_heads(target: torch.nn.Module) -> list[str]:
-    """The walk heads measured for `target` in this process, as "layout (r rows at once; of the layouts timed)"."""
-    return [f"{head.layout} ({head.rows} rows at once; " + (f"of {' / '.join(head.seconds)})" if head.seconds
-                                                             else "not timed: a cold call's default)")
-            for head in _WALK_HEADS.get(target, {}).values()]
+    """The walk heads measured for `target` in this process, as "layout (r rows at once; of the layouts timed)",
+    and what its layout learners chose per walk row count ("learned: prefilter at 1 row, ...")."""
+    heads = [f"{head.layout} ({head.rows} rows at once; " + (f"of {' / '.join(head.seconds)})" if head.seconds
+                                                              else "not timed: a cold call's default)")
+             for head in _WALK_HEADS.get(target, {}).values()]
+    for learner in _LEARNERS.get(target, {}).values():
+        buckets = sorted({bucket for _, bucket in learner.samples})
+        if buckets:
+            heads.append("learned: " + ", ".join(f"{learner.choice(b)} at {b} rows" for b in buckets))
+    return heads
 
 
 def _median_seconds(fn, repeats: int, device: torch.device, after=None) -> float:

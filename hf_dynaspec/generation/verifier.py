@@ -70,8 +70,9 @@ class Verifier:
         return self.keys.lengths.shape[0]
 
     def forward(self, trees: list[VerifyTree], walk_rows: list[list[int]] | None = None):
-        """The target over every row's tree on top of the cache (the new block stays in the cache until
-        `commit`); `walk_rows`: per row, the nodes whose logits the pass computes (one row: through the model's
+        """The target over every row's tree on top of the cache (the new block stays in the cache until `commit`;
+        a step of roots alone on a dense cache, a plain step, runs with the target's own masks, as plain decoding
+        calls it: no 4D mask over the whole context); `walk_rows`: per row, the nodes whose logits the pass computes (one row: through the model's
         `logits_to_keep` in the "rows" layout; a batch: none, the head is applied to the gathered hidden
         states by `node_logits`). Returns the model output (hidden states of `feature_layers` kept)."""
         device = self.target.device
@@ -80,17 +81,20 @@ class Verifier:
         positions = self.keys.lengths[:, None] + depths  # (B, N) each node at its row's length + depth
         batch, n = tokens.shape
         past = self.keys.positions.shape[1]
-        seen = self.keys.valid_or_all()[:, None, :].expand(batch, n, past)  # (B, N, K)
-        allowed = torch.cat([seen, ancestor], dim=2)  # (B, N, K + N)
-        key_positions = torch.cat([self.keys.positions, positions], dim=1)  # (B, K + N)
-        mask = target_masks(self.target.config, allowed, positions, key_positions, self.target.dtype)
+        masks = {}
+        if n > 1 or self.keys.valid is not None:  # else roots alone on a dense cache: plain decoding's own masks
+            seen = self.keys.valid_or_all()[:, None, :].expand(batch, n, past)  # (B, N, K)
+            allowed = torch.cat([seen, ancestor], dim=2)  # (B, N, K + N)
+            key_positions = torch.cat([self.keys.positions, positions], dim=1)  # (B, K + N)
+            masks = {"attention_mask": target_masks(self.target.config, allowed, positions, key_positions,
+                                                    self.target.dtype)}
         keep = {}
         if self.walk_head is not None:
             rows = walk_rows[0] if walk_rows is not None and batch == 1 else []
             keep = {"logits_to_keep": self.walk_head.logits_to_keep(rows, device)}
         with grouped_attention(self.attention_configs):
             return self.target(
-                input_ids=tokens, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
+                input_ids=tokens, position_ids=positions, cache=self.cache, use_cache=True, **masks,
                 output_hidden_states=hidden_state_request(self.target.config, list(self.feature_layers)), **keep,
             )
 
