@@ -276,8 +276,9 @@ def timed_sizes(max_tokens: int) -> list[int]:
 def _time_verify_costs(target: torch.nn.Module, max_tokens: int, walk_head: WalkHead | None, sizes: list[int],
                        repeats: int, batch: int = 1) -> list[float]:
     """c(1..max_tokens): forwards of `sizes` (ascending, 1 and max_tokens among them) timed `repeats` times after
-    CALIBRATION_CONTEXT cached tokens, the rest interpolated linearly, made non-decreasing (timing noise must not
-    make a bigger forward look cheaper)."""
+    CALIBRATION_CONTEXT cached tokens, the rest interpolated linearly, made non-decreasing from above: each size
+    costs at most what any bigger one was timed at (noise only ever adds time, so a burst of load during one
+    size's timing must not raise every size above it, as a running maximum would)."""
     cache = DynamicCache()
     ids = torch.randint(0, target.config.get_text_config().vocab_size, (batch, CALIBRATION_CONTEXT))
     with torch.no_grad():
@@ -292,7 +293,8 @@ def _time_verify_costs(target: torch.nn.Module, max_tokens: int, walk_head: Walk
         else:  # between sizes[right - 1] and sizes[right]
             share = (n - sizes[right - 1]) / (sizes[right] - sizes[right - 1])
             seconds.append(timed[right - 1] + share * (timed[right] - timed[right - 1]))
-    return [max(seconds[: n + 1]) / seconds[0] for n in range(len(seconds))]
+    floor = [min(seconds[n:]) for n in range(len(seconds))]  # non-decreasing
+    return [value / floor[0] for value in floor]
 
 
 def step_costs(settings: DraftSettings, target: torch.nn.Module, walk_head: WalkHead | None, batch: int = 1

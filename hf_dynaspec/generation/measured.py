@@ -33,8 +33,9 @@ DIR_ENV = "HF_DYNASPEC_MEASUREMENTS"
 MODES = ("disk", "fresh", "memory")
 IGNORED_CONFIG_KEYS = ("_name_or_path", "transformers_version", "_commit_hash", "name_or_path")
 # what the timed forward is, bumped when it changes so that older files are measured again (2: a verification
-# reads grouped key / value heads in place, `grouped_attention`)
-VERSION = 2
+# reads grouped key / value heads in place, `grouped_attention`; 3: a plain step runs with the target's own masks,
+# c(n) is made non-decreasing from above, the walk head's layout is learned on real steps)
+VERSION = 3
 
 
 def measurements_dir() -> Path:
