@@ -32,6 +32,7 @@ from hf_dynaspec.generation.policy import (
     trim,
     trim_trees,
 )
+from hf_dynaspec.generation.step_arms import StepArms
 from hf_dynaspec.generation.tree import TreePool, compact, graft, lookup_tree, subtree
 
 
@@ -245,6 +246,7 @@ def with_costs(monkeypatch, costs):
 def test_greedy_stays_exact_whatever_the_policy_chooses(target, drafter, tree_policy, costs, monkeypatch,
                                                         one_thread):
     with_costs(monkeypatch, costs)
+    monkeypatch.setattr(StepArms, "next_arm", lambda self: "policy")  # the policy alone (its A/B: test_step_arms)
     ids = prompt(9, seed=5)
     out = speculative(target, drafter, ids, tree_policy=tree_policy, num_draft_nodes=6, draft_depth=3,
                       draft_top_k=2, lookup_num_tokens=4, max_new_tokens=40, return_dict_in_generate=True)

@@ -340,10 +340,7 @@ def walk_head_for(target: torch.nn.Module, wanted: str, greedy_only: bool, hidde
     if walk_head.reproduces(hidden, raw):
         if wanted != "auto":
             return walk_head, None
-        learner = head_learner(target, layouts, walk_head)
-        if learner.knows(batch * learner.rows):  # an earlier call learned the layouts: start from its choice
-            walk_head = learner.plain_head(learner.choice(batch * learner.rows))
-        return walk_head, learner
+        return walk_head, head_learner(target, layouts, walk_head)  # the verifier asks it at every step
     if wanted != "auto":
         raise ValueError(f"verify_head={wanted!r}: this target's logits are not its LM head's output (post-processing"
                          " the walk head does not know). Use 'full' or 'auto'.")

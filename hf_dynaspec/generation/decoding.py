@@ -264,6 +264,8 @@ def start_rows(batch: _Batch, target: torch.nn.Module, drafter: DynaSpecDrafter,
             row.policy.timings.together = drafts_together(settings)
         row.generator = DynaSpecCandidateGenerator(drafter, settings, row.stats, max_length=config.max_length)
         row.generator.defer(features[index], row.token_list[1:])
+    if costs is not None:
+        follow_learned_layout(batch, target)  # what earlier calls learned of the head's layouts, from the first step
 
 
 def policy_key(settings: DraftSettings, generation_config: GenerationConfig) -> tuple:
@@ -305,7 +307,8 @@ def speculative_step(target: torch.nn.Module, batch: _Batch) -> None:
     leave the batch."""
     rows = batch.running_rows()
     step_start = time.perf_counter()
-    chosen = choose_trees(batch)
+    arm = rows[0].policy.timings.arms.next_arm() if rows[0].policy is not None else "tree"
+    chosen = choose_trees(batch, arm)
     trees = [step.tree for step in chosen]
     start = time.perf_counter()
     with batch.stats.timer("verify", target.device):
@@ -318,15 +321,20 @@ def speculative_step(target: torch.nn.Module, batch: _Batch) -> None:
         row.generator.accept(tree, walk, None if row.finished else row_features, plan.kind == "draft")
         spread = row.policy.spread(tree) if row.policy is not None and tree.num_nodes > 1 else 0.0  # before `record`
         row.stats.add_prediction(plan.kind, step.predicted, len(walk.new_tokens), tree.num_nodes - 1, spread)
+        row.stats.tree_steps += arm == "tree" and row.policy is not None
         if row.policy is not None:
             shared = b == 0 and not batch.verifier.exploring  # a step exploring a layout is no cost to plan with
-            timed = {**step.seconds, "verify": verify_seconds} if shared else step.seconds
+            own = step.seconds if arm == "policy" else {}  # a tree step's drafting times its catch-up too
+            timed = {**own, "verify": verify_seconds} if shared else own
             row.policy.record(plan, tree, walk.path, timed, verified, len(rows), step.drafting, step.drafted,
                               step.catching)
     batch.verifier.commit([walk.path for walk in walks])
     if rows[0].policy is not None:  # the rest of the step: what every kind of step pays besides its forward
         drafting = sum(sum(step.seconds.values()) for step in chosen)  # catch-ups, prompt reads, rounds
-        rows[0].policy.timings.observe_overhead(time.perf_counter() - step_start - verify_seconds - drafting)
+        step_seconds = time.perf_counter() - step_start
+        if arm == "policy":
+            rows[0].policy.timings.observe_overhead(step_seconds - verify_seconds - drafting)
+        rows[0].policy.timings.arms.record(arm, sum(len(walk.new_tokens) for walk in walks), step_seconds)
     follow_learned_layout(batch, target)
     drop_finished(batch, target)
 
@@ -378,7 +386,7 @@ def follow_learned_layout(batch: _Batch, target: torch.nn.Module) -> None:
         return
     batch.costs_layout = new
     costs = planning_costs(batch, target, len(rows))
-    rows[0].policy.timings.forget_verifications()  # the rows share one `Timings`
+    rows[0].policy.timings.forget_verifications(new)  # the rows share one `Timings`
     for row in rows:
         row.policy.costs = costs
 
@@ -397,15 +405,17 @@ class Chosen:
     catching: int = 1
 
 
-def choose_trees(batch: _Batch) -> list[Chosen]:
-    """Each running row's step (`Chosen`). Without a policy: the whole configured tree per row. With one, the batch plans
+def choose_trees(batch: _Batch, arm: str = "policy") -> list[Chosen]:
+    """Each running row's step (`Chosen`). Without a policy, or for the arm "tree" (`step_arms`): the whole configured
+    tree per row. Else the batch plans
     as one decision (`policy.choose_options`) in two rounds: first with what is known for free (a root's
     proposals are stale until its drafter catches up on the last accepted path); the rows that chose to draft
     pay their catch-up, then the batch plans again with their fresh proposals (rows still stale may not draft
     then; a probe keeps its plan). The trees are trimmed together (`policy.trim_trees`)."""
     rows = batch.running_rows()
     rooms = [row.room() for row in rows]
-    if rows[0].policy is None:
+    if rows[0].policy is None or arm == "tree":  # the whole configured tree per row
+        batch.quiet_steps = 0
         plans = [Plan("draft", batch.settings.draft_depth) for _ in rows]
         seconds = [{} for _ in rows]
         trees = draft_trees(rows, plans, rooms, seconds, drafts_together(batch.settings), batch.stats)

@@ -64,6 +64,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .step_arms import StepArms
 from .tree import VerifyTree, close_under_ancestors, subtree
 
 PROBE_EVERY = 8  # undrafted steps in a row before a drafted step refreshes the estimates
@@ -259,6 +260,8 @@ class Timings:
     verifications: int = 0  # verifications observed so far
     seen_at: dict[tuple[int, int], int] = field(default_factory=dict)  # (bucket, n) -> verification last seen
     overhead: Running = field(default_factory=Running)  # seconds of a step outside its forward and drafting
+    head_layout: str | None = None  # the LM head layout its verifications were observed in (None: not followed)
+    arms: StepArms = field(default_factory=StepArms)  # the policy's steps against the whole tree's (`step_arms`)
 
     def observe(self, rows: int, nodes: int, seconds: float) -> None:
         """A verification of `nodes` tokens per row for `rows` rows took `seconds`: one token's seconds at this
@@ -281,9 +284,13 @@ class Timings:
             self.ratio[key].add(seconds / unit.value)
             self.seen_at[key] = self.verifications
 
-    def forget_verifications(self) -> None:
-        """Forget the verification costs observed so far (their layout of the LM head was replaced:
-        `decoding.follow_learned_layout`); plain-step seconds and the drafter's timings are kept."""
+    def forget_verifications(self, layout: str | None) -> None:
+        """Verification now applies the LM head in `layout` (`decoding.follow_learned_layout`): the verification
+        costs observed under another layout are forgotten; plain-step seconds and the drafter's timings are
+        kept."""
+        if layout == self.head_layout:
+            return
+        self.head_layout = layout
         self.unit.clear()
         self.ratio.clear()
         self.seen_at.clear()
@@ -604,7 +611,7 @@ class StepPolicy:
                 timings.observe_catch_up(catching, seconds["catch_up"])
             if "draft" in seconds and plan.depth > 1:
                 timings.observe_level(drafting, seconds["draft"] / (plan.depth - 1))
-            elif not timings.levels:
+            elif not timings.levels and plan.depth <= 1:  # no rounds: depth 1 drafts cost no expansion
                 timings.observe_level(drafting, 0.0)
             self.undrafted = 0
             self.shallow = 0 if plan.depth >= self.max_depth else self.shallow + 1

@@ -36,7 +36,8 @@ class SpeculativeStats:
     shortlist sizes summed over drafted positions / those positions; recall_hits / recall_checks: steps whose
     first token (the target's own choice after the root) lay in the root's shortlist / steps checked;
     lookup_tokens: accepted drafts that came from the lookup branch; plain_steps / lookup_steps: steps the step
-    policy verified without a drafted tree (the root alone / the lookup branch alone: `policy.py`);
+    policy verified without a drafted tree (the root alone / the lookup branch alone: `policy.py`); tree_steps:
+    steps that verified the whole configured tree in its turn against the policy's (`step_arms.py`);
     predicted_steps: steps that verified at least one draft node, with the policy's expected accepted length of
     each summed in predicted_tokens, its variance under the policy's own model in predicted_variance (so a run's
     deviation can be told from the noise the model itself expects) and the realised one in realized_tokens;
@@ -55,6 +56,7 @@ class SpeculativeStats:
     lookup_tokens: int = 0
     plain_steps: int = 0
     lookup_steps: int = 0
+    tree_steps: int = 0  # steps that verified the whole configured tree in its A/B turn (`step_arms`)
     predicted_steps: int = 0
     predicted_tokens: float = 0.0
     predicted_variance: float = 0.0
@@ -209,6 +211,7 @@ class SpeculativeStats:
             "lookup_tokens": self.lookup_tokens,
             "plain_steps": self.plain_steps,
             "lookup_steps": self.lookup_steps,
+            "tree_steps": self.tree_steps,
             "predicted_accepted_length": self.predicted_accepted_length,
             "realized_accepted_length": self.realized_accepted_length,
             "mean_tree_size": self.mean_tree_size,
