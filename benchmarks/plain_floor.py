@@ -67,7 +67,8 @@ def report(result: dict) -> str:
                      for q, v in result["per_prompt"].items())
     return (f"# A plain step through the package against plain generate() ({result['prompts']} prompts, "
             f"{result['rounds']} rounds, {result['max_new_tokens']} tokens)\n\nMachine: {result['machine']}. "
-            f"Target: {result['target']}.\n\n| prompt | plain ms / step | package ms / step | ratio |\n|---|---|---|---|\n"
+            f"Target: {result['target']}.\n\n| prompt | plain ms / step | package ms / step | ratio |\n"
+            "|---|---|---|---|\n"
             f"{rows}\n\nMedian ratio **{result['median_ratio']:.3f}x**, pooled {result['pooled_ratio']:.3f}x "
             f"(bound {LIMIT}x); outputs equal to plain greedy: {result['matches']} of {result['prompts']}.\n")
 

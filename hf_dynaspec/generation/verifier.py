@@ -72,9 +72,10 @@ class Verifier:
     def forward(self, trees: list[VerifyTree], walk_rows: list[list[int]] | None = None):
         """The target over every row's tree on top of the cache (the new block stays in the cache until `commit`;
         a step of roots alone on a dense cache, a plain step, runs with the target's own masks, as plain decoding
-        calls it: no 4D mask over the whole context); `walk_rows`: per row, the nodes whose logits the pass computes (one row: through the model's
-        `logits_to_keep` in the "rows" layout; a batch: none, the head is applied to the gathered hidden
-        states by `node_logits`). Returns the model output (hidden states of `feature_layers` kept)."""
+        calls it: no 4D mask over the whole context); `walk_rows`: per row, the nodes whose logits the pass
+        computes (one row: through the model's `logits_to_keep` in the "rows" layout; a batch: none, the head is
+        applied to the gathered hidden states by `node_logits`). Returns the model output (hidden states of
+        `feature_layers` kept)."""
         device = self.target.device
         tokens, depths, ancestor = pad_trees(trees)  # (B, N), (B, N), (B, N, N)
         tokens, depths, ancestor = tokens.to(device), depths.to(device), ancestor.to(device)
