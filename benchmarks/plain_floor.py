@@ -1,7 +1,7 @@
 """The floor: what a step the policy makes plain costs through the package, against a plain `generate()` step.
 
 Each prompt runs, in alternating rounds, plain greedy `generate()` and the package with every step plain (the step
-policy's menu cut to the plain option and its probes off, patched here: the hook, planning, verification of the
+policy's menu cut to the plain option, its probes and the whole tree's turns off, patched here: the hook, planning, verification of the
 root alone in the learned head layout, emitting and statistics all run as in a real call). A step's seconds are
 the call's decoding seconds (the prefill and setup taken out) over its steps; the output must equal plain greedy.
 Writes `results.json` / `results.md` under --out: per prompt and pooled, the package's plain step over plain's.
@@ -27,7 +27,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig  # noqa: E402
 from hf_dynaspec.bench_prompts import load_bench_prompts, round_robin  # noqa: E402
-from hf_dynaspec.generation import decoding, policy  # noqa: E402
+from hf_dynaspec.generation import decoding, policy, step_arms  # noqa: E402
 from hf_dynaspec.machine import machine_description  # noqa: E402
 from hf_dynaspec.targets import encode_formatted, load_target  # noqa: E402
 
@@ -35,9 +35,11 @@ LIMIT = 1.01  # the issue's bound: a plain step through the package at most 1.01
 
 
 def only_plain_steps() -> None:
-    """Every step plain: the policy's menu is the plain option alone and no probe is forced (benchmark only)."""
+    """Every step plain: the policy's menu is the plain option alone, no probe is forced and the whole tree gets no
+    turn (`step_arms`) (benchmark only)."""
     policy.StepPolicy.options = lambda self, *args, **kwargs: [policy.Option(policy.Plan("plain"), 1.0, 1)]
     decoding.probing_rows = lambda *args, **kwargs: []
+    step_arms.StepArms.next_arm = lambda self: "policy"
 
 
 def plain_step_seconds(target, ids: torch.Tensor, tokens: int) -> tuple[float, torch.Tensor]:
