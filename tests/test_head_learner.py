@@ -105,6 +105,6 @@ def test_generate_moves_off_a_layout_made_slow_and_stays_exact(target, drafter, 
     assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=40))
     (learner,) = calibration._LEARNERS[target].values()
     assert learner.layouts[0] == "rows"  # where the cold call started
-    assert learner.choice(1) != "rows"
-    assert {layout for layout, _ in learner.samples} == set(learner.layouts)  # every layout timed on real steps
+    explored = sorted({bucket for _, bucket in learner.samples if learner.knows(bucket)})
+    assert explored and all(learner.choice(bucket) != "rows" for bucket in explored)  # every layout timed there
     calibration.forget_learners()

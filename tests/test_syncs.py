@@ -107,6 +107,7 @@ def test_device_drafting_reads_at_most_three_values_per_step(target, monkeypatch
     """As a GPU decodes (every node's logits at once, no CPU walk head): the tree read once, the walk's path once,
     the stopping criteria once; nothing inside a draft call but the tree's one read."""
     monkeypatch.setattr(decoding, "walk_head_for", lambda *args: (None, None))
+    monkeypatch.setattr(decoding, "step_arm", lambda *args: "policy")  # as on a GPU: no A/B arms (step_arms)
     drafter = tiny_drafter(target)
     draft_reads: list[int] = []
     original = decoding.DynaSpecCandidateGenerator._draft_fixed

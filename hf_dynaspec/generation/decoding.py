@@ -307,7 +307,7 @@ def speculative_step(target: torch.nn.Module, batch: _Batch) -> None:
     leave the batch."""
     rows = batch.running_rows()
     step_start = time.perf_counter()
-    arm = rows[0].policy.timings.arms.next_arm() if rows[0].policy is not None else "tree"
+    arm = "tree" if rows[0].policy is None else step_arm(rows[0].policy, target)
     chosen = choose_trees(batch, arm)
     trees = [step.tree for step in chosen]
     start = time.perf_counter()
@@ -337,6 +337,12 @@ def speculative_step(target: torch.nn.Module, batch: _Batch) -> None:
         rows[0].policy.timings.arms.record(arm, sum(len(walk.new_tokens) for walk in walks), step_seconds)
     follow_learned_layout(batch, target)
     drop_finished(batch, target)
+
+
+def step_arm(policy: StepPolicy, target: torch.nn.Module) -> str:
+    """Which arm plans this step (`step_arms`): on a CPU target the A/B test's; elsewhere the policy (the arms are
+    untested on accelerators, where switching between them adds host reads to the steps that follow a switch)."""
+    return policy.timings.arms.next_arm() if target.device.type == "cpu" else "policy"
 
 
 def drop_finished(batch: _Batch, target: torch.nn.Module | None = None) -> None:

@@ -11,7 +11,8 @@ keeps each arm's realised tokens and seconds (exponentially forgotten: `DECAY` p
 are sampled at fixed intervals, not where one of them looks good, so their rates compare like with like. A call
 thus runs at least about as fast as the better of the two, paying for the other on at most one step in
 `RECHECK_EVERY` once both are known. A tree step still teaches the policy what its drafts are worth (its nodes
-are tested: `policy.Calibration.update`). Output is exact whichever arm verifies a step.
+are tested: `policy.Calibration.update`). Output is exact whichever arm verifies a step. The arms run on CPU targets
+(`decoding.step_arm`).
 
     python -m pytest tests/test_step_arms.py -q
 """
