@@ -16,7 +16,10 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from unittest.mock import patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_io, beside this script
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a source checkout
@@ -34,12 +37,15 @@ from hf_dynaspec.targets import encode_formatted, load_target  # noqa: E402
 LIMIT = 1.01  # the issue's bound: a plain step through the package at most 1.01x plain's
 
 
-def only_plain_steps() -> None:
-    """Every step plain: the policy's menu is the plain option alone, no probe is forced and the whole tree gets no
-    turn (`step_arms`) (benchmark only)."""
-    policy.StepPolicy.options = lambda self, *args, **kwargs: [policy.Option(policy.Plan("plain"), 1.0, 1)]
-    decoding.probing_rows = lambda *args, **kwargs: []
-    step_arms.StepArms.next_arm = lambda self: "policy"
+@contextmanager
+def only_plain_steps() -> Iterator[None]:
+    """Inside the block every step is plain: the policy's menu is the plain option alone, no probe is forced and the
+    whole tree gets no turn (`step_arms`); restored after (benchmark only)."""
+    plain = [policy.Option(policy.Plan("plain"), 1.0, 1)]
+    with (patch.object(policy.StepPolicy, "options", lambda self, *args, **kwargs: plain),
+          patch.object(decoding, "probing_rows", lambda *args, **kwargs: []),
+          patch.object(step_arms.StepArms, "next_arm", lambda self: "policy")):
+        yield
 
 
 def plain_step_seconds(target, ids: torch.Tensor, tokens: int) -> tuple[float, torch.Tensor]:
@@ -81,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drafter", required=True)
     parser.add_argument("--prompt-format", default="chat")
     parser.add_argument("--limit", type=int, default=1, help="Spec-Bench prompts per category")
+    parser.add_argument("--prompts", type=int, default=None, help="at most this many prompts in all")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None)
@@ -90,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.target)
     drafter = DynaSpecDrafter.from_pretrained(args.drafter)
-    only_plain_steps()
-    prompts = round_robin(load_bench_prompts(None, args.limit))
+    prompts = round_robin(load_bench_prompts(None, args.limit))[: args.prompts]
     per_prompt, matches = {}, 0
     for row in tqdm(prompts, desc="floor", unit="prompt"):
         ids = encode_formatted(tokenizer, row["prompt"], args.prompt_format)
@@ -99,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             seconds, plain = plain_step_seconds(target, ids, args.max_new_tokens)
             plain_s.append(seconds)
-            seconds, sequences = package_step_seconds(target, drafter, ids, args.max_new_tokens)
+            with only_plain_steps():
+                seconds, sequences = package_step_seconds(target, drafter, ids, args.max_new_tokens)
             package_s.append(seconds)
             same = same and bool(torch.equal(plain, sequences))
         matches += same
