@@ -100,9 +100,9 @@ def test_generate_moves_off_a_layout_made_slow_and_stays_exact(target, drafter, 
 
     monkeypatch.setattr(RowsHead, "apply", slow)
     ids = prompt(7, seed=3)
-    config = DynaSpecGenerationConfig(max_new_tokens=40, do_sample=False, return_dict_in_generate=True)
+    config = DynaSpecGenerationConfig(max_new_tokens=64, do_sample=False, return_dict_in_generate=True)
     out = target.generate(ids, generation_config=config, assistant_model=drafter)
-    assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=40))
+    assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=64))
     (learner,) = calibration._LEARNERS[target].values()
     assert learner.layouts[0] == "rows"  # where the cold call started
     explored = sorted({bucket for _, bucket in learner.samples if learner.knows(bucket)})
