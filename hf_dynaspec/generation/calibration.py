@@ -63,8 +63,7 @@ def measure_walk_head(target: torch.nn.Module, max_rows: int = MAX_WALK_ROWS, re
     unknown = [layout for layout in layouts if layout not in LAYOUTS]
     if unknown or not layouts:
         raise ValueError(f"layouts must be some of {LAYOUTS}, got {layouts!r}.")
-    weight = target.get_output_embeddings().weight
-    weights = (weight.data_ptr(), weight._version)  # which head weights the copies were made from
+    weights = head_weights(target)
     key = (max_rows, walk, batch, columns_margin, tuple(layouts), str(target.device), target.dtype,
            torch.get_num_threads(), weights)
     memo = _WALK_HEADS.setdefault(target, {})
@@ -115,12 +114,10 @@ def exact_walk_head(target: torch.nn.Module, seconds: dict[str, tuple[float, ...
     "prefilter" one only where this machine's bf16 GEMM stays within the bound its exactness rests on (else the next
     cheapest)."""
     seconds = dict(seconds)
-    weight = target.get_output_embeddings().weight
-    hidden = torch.randn(MAX_WALK_ROWS, weight.shape[1], device=target.device, dtype=weight.dtype)
     while True:
         layout, rows = choose_walk_head(seconds, walk, columns_margin, batch)
-        head = layout_head(target, layout)
-        if head.error_over_bound(hidden) < PREFILTER_SAFETY:
+        head = exact_layout_head(target, layout)
+        if head is not None:
             return dataclasses.replace(head, rows=rows, seconds=seconds)
         if len(seconds) == 1:
             raise ValueError(f"verify_head={layout!r}: this machine's bf16 GEMM errs beyond the bound the "
@@ -131,14 +128,20 @@ def exact_walk_head(target: torch.nn.Module, seconds: dict[str, tuple[float, ...
 def layout_head(target: torch.nn.Module, layout: str) -> WalkHead:
     """The target's head in `layout`, its copy of the weights ("columns": transposed; "prefilter": bf16) made once
     per process and head weights: every choice of that layout (each batch size, greedy or not) shares it."""
-    weight = target.get_output_embeddings().weight
-    weights = (weight.data_ptr(), weight._version)
+    weights = head_weights(target)
     heads = _LAYOUT_HEADS.setdefault(target, {})
     if (layout, weights) not in heads:
         for stale in [key for key in heads if key[1] != weights]:
             del heads[stale]
         heads[(layout, weights)] = WalkHead.of(target, layout=layout)
     return heads[(layout, weights)]
+
+
+def head_weights(target: torch.nn.Module) -> tuple[int, int]:
+    """Which head weights a layout's copy is made from (their storage and in-place version): the memos of heads
+    holding copies drop those made from other weights."""
+    weight = target.get_output_embeddings().weight
+    return weight.data_ptr(), weight._version
 
 
 def head_times(target: torch.nn.Module, walk_head: WalkHead | None) -> HeadTimes | None:
@@ -351,8 +354,7 @@ def head_learner(target: torch.nn.Module, layouts: tuple[str, ...], start: WalkH
     """The learner of `target`'s walk head layout among `layouts` (`start`'s layout first, its rows at once for
     all), one per process, target, layouts and head weights (its heads hold copies of the weights), starting from
     what is kept on disk."""
-    weight = target.get_output_embeddings().weight
-    weights = (weight.data_ptr(), weight._version)
+    weights = head_weights(target)
     ordered = (start.layout, *(layout for layout in layouts if layout != start.layout))
     key = (ordered, start.rows, torch.get_num_threads(), weights)
     memo = _LEARNERS.setdefault(target, {})
@@ -371,7 +373,7 @@ def forget_learners() -> None:
 
 def exact_layout_head(target: torch.nn.Module, layout: str) -> WalkHead | None:
     """`layout_head`, or None where its picks are not exact on this machine (the prefilter's bf16 GEMM erring
-    beyond the bound its exactness rests on, `exact_walk_head`)."""
+    beyond `PREFILTER_SAFETY` of the bound its exactness rests on, on random hidden states)."""
     head = layout_head(target, layout)
     weight = target.get_output_embeddings().weight
     hidden = torch.randn(MAX_WALK_ROWS, weight.shape[1], device=target.device, dtype=weight.dtype)

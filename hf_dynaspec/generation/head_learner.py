@@ -62,7 +62,7 @@ class HeadLearner:
     spent: float = 0.0  # its head seconds so far
 
     @classmethod
-    def of(cls, layouts: tuple[str, ...], make: Callable[[str], WalkHead], rows: int, key: str | None
+    def of(cls, layouts: tuple[str, ...], make: Callable[[str], WalkHead | None], rows: int, key: str | None
            ) -> HeadLearner:
         """A learner starting from what an earlier process learned under `key` (`measured`), else from nothing."""
         learner = cls(tuple(layouts), make, rows, key)
@@ -123,16 +123,6 @@ class HeadLearner:
         wanted = [grid_rows(batch * w) for w in range(1, self.rows + 1)]
         nearest = [min(timed, key=lambda b, r=r: (abs(b - r), b)) for r in wanted]
         return [statistics.median(self.samples[(layout, bucket)]) for bucket in nearest]
-
-    def plain_head(self, layout: str) -> WalkHead:
-        """`layout`'s head without the timing hook, its `seconds` the learned timings for 1..rows rows where all
-        are known (what calibration prices a greedy layout's picks with: `calibration.time_forward`)."""
-        made = self.head_in(layout)
-        if made is None:
-            raise ValueError(f"Layout {layout!r} cannot be made here.")
-        head = dataclasses.replace(made, observe=None)
-        seconds = [self.estimate(layout, r) for r in range(1, self.rows + 1)]
-        return dataclasses.replace(head, seconds={layout: tuple(seconds)}) if None not in seconds else head
 
     def observe(self, layout: str, rows: int, seconds: float) -> None:
         """One application of `layout`'s head to `rows` rows took `seconds`: added to the open step's
