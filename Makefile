@@ -10,7 +10,7 @@ TORCH ?= torch==2.13.0
 # the tested versions of the dependencies (CI's); `make clean-env test CONSTRAINTS=` takes the newest in the ranges
 CONSTRAINTS ?= .ci/constraints.txt
 
-.PHONY: demo test env clean-env
+.PHONY: demo test env clean-env docs
 
 demo: $(VENV)/.installed
 	$(BIN)/hf-dynaspec demo
@@ -20,6 +20,12 @@ test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q
 
 env: $(VENV)/.installed
+
+# the generated blocks of README.md, docs/ and the drafters' cards, from the code and the committed results
+HEADLINE ?= benchmarks/results/cpu-headline-amd
+docs: $(VENV)/.installed
+	$(BIN)/python -c "from hf_dynaspec.assisted_settings import write_settings_doc; write_settings_doc('docs/settings.md')"
+	$(BIN)/python benchmarks/headline.py --analyse-only --out $(HEADLINE)
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

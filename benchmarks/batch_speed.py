@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--readme", type=Path, default=None,
-                        help="write the table into this markdown file's batch-speed-<target> block (e.g. README.md)")
+                        help="write the table into this markdown file's batch-speed-<target> block (e.g. docs/batches.md)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     records = measure(args, args.out / "records.jsonl")

@@ -17,7 +17,7 @@ then this script, in the project's environment, which runs hf-dynaspec on the pr
 
 Accepted tokens per step: vLLM's 1 + accepted draft tokens / draft steps (its spec-decode counters), hf-dynaspec's
 `speculative_stats.mean_accepted_length` (accepted drafts + the bonus token per verification step). Writes
-results.json and results.md under --out; with --readme, the README's "eagle3-parity" block too.
+results.json and results.md under --out; with --readme, the "eagle3-parity" block of docs/drafters.md too.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--prompts-file", type=Path, default=PROMPTS)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--readme", action="store_true", help="write the README's eagle3-parity block")
+    parser.add_argument("--readme", action="store_true", help="write the eagle3-parity block of docs/drafters.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     vllm_plain, vllm_draft, vllm_accept = vllm_side(args.vllm_runs, args.name)
@@ -171,7 +171,7 @@ def main() -> None:
     (args.out / "results.md").write_text(markdown(result))
     print(markdown(result))
     if args.readme:
-        write_doc_block(ROOT / "README.md", "eagle3-parity", readme_block(result, args.out.resolve()))
+        write_doc_block(ROOT / "docs" / "drafters.md", "eagle3-parity", readme_block(result, args.out.resolve()))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The GPU section of docs/architecture.md and the README's GPU advice, written from a GPU suite's results.json.
+"""The GPU section of docs/architecture.md and docs/results.md's GPU advice, written from a GPU suite's results.json.
 
 Every figure comes from `benchmarks/gpu_suite.py`'s output (committed under benchmarks/results/gpu-h200), so the
 docs cannot drift from the run. Needs no GPU:
@@ -181,8 +181,8 @@ def main() -> None:
     write_doc_block(ROOT / "docs/architecture.md", "gpu-h200", "\n".join(lines))
     choice = args.tree_choice / "results.json"
     tree_choice = json.loads(choice.read_text()) if choice.is_file() else None
-    write_doc_block(ROOT / "README.md", "gpu-advice", advice(sections["verify"], meta, tree_choice))
-    print("wrote docs/architecture.md (gpu-h200) and README.md (gpu-advice)")
+    write_doc_block(ROOT / "docs" / "results.md", "gpu-advice", advice(sections["verify"], meta, tree_choice))
+    print("wrote docs/architecture.md (gpu-h200) and docs/results.md (gpu-advice)")
 
 
 if __name__ == "__main__":

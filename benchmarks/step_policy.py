@@ -36,7 +36,7 @@ from hf_dynaspec.generation.stats import SpeculativeStats  # noqa: E402
 
 SLOW = 0.95  # a prompt below this speedup over plain is "slower than plain"
 ROUNDS = 3
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "results.md"  # where --readme writes
 
 
 def per_prompt(records: list[Record]) -> dict[str, dict[str, float]]:
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rerun", action="store_true", help="re-run the prompts below 0.95x paired with plain")
     parser.add_argument("--rerun-methods", default=None, help="comma-separated: rerun only these methods' slow prompts")
     parser.add_argument("--drafter", default=None, help="default: the drafter shipped for the bench's target")
-    parser.add_argument("--readme", action="store_true", help="write the README block step-policy-smollm2")
+    parser.add_argument("--readme", action="store_true", help="write the step-policy-smollm2 block of docs/results.md")
     args = parser.parse_args(argv)
     out = args.out or args.bench / "step-policy"
     records = read_records(args.bench / "records.jsonl")

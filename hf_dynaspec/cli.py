@@ -44,10 +44,10 @@ from .modeling import DynaSpecDrafter
 from .targets import (
     GEMMA3_ALIASES,
     PROMPT_FORMATS,
-    SMOLLM2_ALIASES,
     encode_formatted,
     encode_prompt,
     load_target,
+    shipped_drafter,
 )
 from .training import TrainingArguments, frequent_tokens, load_prompts, train_drafter
 from .training.corpus import FEATURE_DTYPES, write_answers
@@ -58,10 +58,6 @@ from .training.online import FORWARD_DTYPES, TargetFeatures, corpus_groups, forw
 from .training.trainer import HELDOUT_EVAL_NAME, TrainingStopped, finished_step
 from .vllm_export import export_vllm_dynaspec
 
-DRAFTERS = Path(__file__).resolve().parent.parent / "drafters"
-# the drafters shipped in this repository, by target name, and the prompt format each target is used with
-SHIPPED_DRAFTERS = {**dict.fromkeys(SMOLLM2_ALIASES, DRAFTERS / "smollm2-135m-instruct"),
-                    **dict.fromkeys(GEMMA3_ALIASES, DRAFTERS / "gemma-3-270m")}
 DEMO_FORMATS = dict.fromkeys(GEMMA3_ALIASES, "qa")  # a base model: "Question: ...\nAnswer:"; others: chat
 DEMO_PROMPTS = (
     "What is the capital of France? Answer in one sentence.",
@@ -437,17 +433,6 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def shipped_drafter(target: str) -> Path:
-    """The drafter shipped in drafters/ for a named target; an error that says what to pass otherwise."""
-    if target not in SHIPPED_DRAFTERS:
-        raise ValueError(f"no drafter ships for --target {target} (shipped: smollm2, gemma3): pass --drafter "
-                         "PATH_OR_HUB_ID, e.g. one made by `hf-dynaspec init` and `hf-dynaspec train`")
-    path = SHIPPED_DRAFTERS[target]
-    if not (path / "config.json").is_file():
-        raise OSError(f"the shipped drafter is missing at {path}: pass --drafter PATH_OR_HUB_ID")
-    return path
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     drafter_path = args.drafter or shipped_drafter(args.target)
     prompt_format = args.prompt_format or DEMO_FORMATS.get(args.target, "chat")
@@ -615,7 +600,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = export_eagle3(drafter, target, args.out, draft_vocab_size=args.draft_vocab_size, token_counts=counts,
                         format=args.format)
     print(f"wrote {out} ({args.format}): serve it with vLLM --speculative-config "
-          f"'{{\"method\": \"eagle3\", \"model\": \"{out}\"}}' (see the README, Serving with vLLM / SGLang)")
+          f"'{{\"method\": \"eagle3\", \"model\": \"{out}\"}}' (see docs/serving.md)")
     return 0
 
 

@@ -60,11 +60,22 @@ CARD = """---
 
 # DynaSpec drafter for {{ base_model }}
 
-A DynaSpec drafter for lossless speculative decoding of `{{ base_model }}` with hf-dynaspec: {{ architecture }},
-a router over {{ num_clusters }} vocabulary clusters and the cluster table.
-It borrows the target's embeddings and LM head, and scores only the tokens of the clusters its router picks.
-Greedy output is identical to plain greedy decoding; sampling keeps the target's distribution.
+Lossless speculative decoding of `{{ base_model }}` in transformers' `generate()`, with
+hf-dynaspec: the same tokens as plain greedy decoding, sooner; sampling
+keeps the target's distribution. License: {{ license }}.
 
+```python
+out = target.generate(**inputs, assistant_model="{{ repo_id }}", max_new_tokens=64)  # after `import hf_dynaspec`
+```
+
+<!-- speed:begin -->
+{{ speed }}
+<!-- speed:end -->
+
+## What it is
+
+{{ architecture_sentence }}, a router over {{ num_clusters }} vocabulary clusters and the cluster table.
+It borrows the target's embeddings and LM head, and scores only the tokens of the clusters its router picks.
 Target weights it was trained and measured on: {{ target_weights }}.
 
 ## Install
@@ -109,17 +120,25 @@ def card_data(base_model: str, license: str, tags: list[str] | None = None) -> M
     )
 
 
+LICENSE_NAMES = {"apache-2.0": "Apache-2.0", "gemma": "the Gemma terms of use (https://ai.google.dev/gemma/terms)"}
+NOT_MEASURED = "Speed at the shipped defaults: not measured yet (`python benchmarks/headline.py` writes it here)."
+
+
 def build_card(drafter: Any, target_weights: str, license: str = "apache-2.0",
-               sections: list[tuple[str, str]] = (), repo_id: str | None = None) -> ModelCard:
-    """The model card of `drafter`; `sections` ((title, markdown), ...) follow the Use section."""
+               sections: list[tuple[str, str]] = (), repo_id: str | None = None,
+               speed: str = NOT_MEASURED) -> ModelCard:
+    """The model card of `drafter`: its target, the one-line use and `speed` (the generated `speed` block) on the
+    first screen; `sections` ((title, markdown), ...) follow the Use section."""
     config = drafter.config
     base_model = config.target_name_or_path or config.target_model_type
+    architecture = architecture_text(config)
     fields = drafter.generation_config.speculative_fields()
     defaults = ", ".join(f"`{k}={v!r}`" for k, v in fields.items() if k != "device_trees")
     return ModelCard.from_template(
         card_data(base_model, license), template_str=CARD, base_model=base_model,
-        num_clusters=config.num_clusters, architecture=architecture_text(config), target_weights=target_weights, repo_id=repo_id or REPO_PLACEHOLDER,
-        defaults=defaults, trees=trees_text(drafter), sections=list(sections),
+        num_clusters=config.num_clusters, architecture_sentence=architecture[:1].upper() + architecture[1:],
+        target_weights=target_weights, repo_id=repo_id or REPO_PLACEHOLDER,
+        license=LICENSE_NAMES.get(license, license), speed=speed, defaults=defaults, trees=trees_text(drafter), sections=list(sections),
     )
 
 

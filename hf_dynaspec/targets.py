@@ -43,6 +43,22 @@ INSTALL_GEMMA3 = (
     f"{GEMMA3_HUB_ID} --no-gguf to download it from the Hub instead."
 )
 
+DRAFTERS = Path(__file__).resolve().parent.parent / "drafters"
+# the drafters shipped in this repository, by target name
+SHIPPED_DRAFTERS = {**dict.fromkeys(SMOLLM2_ALIASES, DRAFTERS / "smollm2-135m-instruct"),
+                    **dict.fromkeys(GEMMA3_ALIASES, DRAFTERS / "gemma-3-270m")}
+
+
+def shipped_drafter(target: str) -> Path:
+    """The drafter shipped in drafters/ for a named target; an error that says what to pass otherwise."""
+    if target not in SHIPPED_DRAFTERS:
+        raise ValueError(f"no drafter ships for --target {target} (shipped: smollm2, gemma3): pass --drafter "
+                         "PATH_OR_HUB_ID, e.g. one made by `hf-dynaspec init` and `hf-dynaspec train`")
+    path = SHIPPED_DRAFTERS[target]
+    if not (path / "config.json").is_file():
+        raise OSError(f"the shipped drafter is missing at {path}: pass --drafter PATH_OR_HUB_ID")
+    return path
+
 
 def load_target(
     name: str = "smollm2", dtype: torch.dtype = torch.float32, prefer_gguf: bool = True

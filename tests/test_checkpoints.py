@@ -389,12 +389,12 @@ def test_a_trained_sliding_window_is_reported_when_a_call_reads_past_it(target, 
     assert torch.equal(got, greedy(target, ids, max_new_tokens=8))
 
 
-# ---------------------------------------------------------------------------------------------- the README
+# ---------------------------------------------------------------------------------------------- the docs
 
 
 def readme_blocks(kind: str) -> list[str]:
-    """The ```kind blocks of the README section on drafters trained elsewhere."""
-    text = (Path(__file__).parents[1] / "README.md").read_text()
+    """The ```kind blocks of the docs' section on drafters trained elsewhere."""
+    text = (Path(__file__).parents[1] / "docs" / "drafters.md").read_text()
     section = text.split("## Use a drafter trained with speculators, SpecForge or EAGLE")[1].split("\n## ")[0]
     return [block.split("```")[0] for block in section.split(f"```{kind}\n")[1:]]
 
@@ -427,7 +427,7 @@ def test_the_readme_commands_run_on_tiny_checkpoints(target, tokenizer, tmp_path
     (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps({"prompt": f"w{i} w{i + 7} w{i + 3}"})
                                                       for i in range(3, 60, 7)))
     (python,) = readme_blocks("python")
-    exec(compile(python, "README.md", "exec"), {})  # noqa: S102  (the README's own code)
+    exec(compile(python, "docs/drafters.md", "exec"), {})  # noqa: S102  (the docs' own code)
     assert capsys.readouterr().out.strip()
     (shell,) = readme_blocks("bash")
     for command in shell.replace("\\\n", " ").strip().splitlines():

@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 
-from hf_dynaspec.cli import build_parser, main, shipped_drafter
+from hf_dynaspec.cli import build_parser, main
+from hf_dynaspec.targets import shipped_drafter
 
 
 def test_init_generate_push(tmp_path, capsys):

@@ -2,12 +2,12 @@
 # Serving with vLLM, measured: builds vLLM's CPU build in its own environment (it pins its own transformers, so it
 # is kept apart from the project's), exports a drafter for it and runs benchmarks/serving/vllm_bench.py.
 #   TARGET=smollm2 (default): the shipped SmolLM2 drafter, static EAGLE-3 export and vllm-dynaspec (the plugin),
-#     on the tuning prompts in the chat template; README block "vllm-serving-results".
+#     on the tuning prompts in the chat template; docs/serving.md block "vllm-serving-results".
 #   TARGET=gemma3: a Gemma 3 270M drafter (DRAFTER, default the shipped drafters/gemma-3-270m, from the multilingual
 #     recipe; its layer must be silu), static exports with a 32,768-token draft vocabulary and with the whole
 #     vocabulary (the full head), and the plugin (no union limit, and limits of 32,768, 16,384 and 8,192 tokens),
 #     on the held-out language slice (2 prompts per language, "Question: ...\nAnswer:", the base model's format);
-#     README block "vllm-serving-gemma3".
+#     docs/serving.md block "vllm-serving-gemma3".
 # From a fresh clone: `make env`, then
 #   bash benchmarks/serving/run.sh              (resumes: a configuration already measured in OUT is kept)
 set -euo pipefail

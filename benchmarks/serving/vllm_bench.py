@@ -3,7 +3,7 @@ EAGLE-3 exports of any draft vocabulary, the DynaSpec plugin's vllm-dynaspec exp
 outputs compared with plain, vLLM's own acceptance metrics, tokens/s. The runs happen inside the vLLM environment that `run.sh` builds (vLLM pins its own
 transformers), each configuration in its own process (vLLM spawns an engine per LLM), one JSON file each in
 `--out`; `--summarize` (in the project's environment) turns those into results.json / results.md / tokens_per_s.png
-and, with `--readme`, the README's "vllm-serving-results" block.
+and, with `--readme`, the "vllm-serving-results" block of docs/serving.md.
 
     python benchmarks/serving/vllm_bench.py --target /tmp/serving/smollm2 --draft \
         static-eagle3=/tmp/serving/smollm2-static dynaspec-plugin=/tmp/serving/smollm2-dynaspec \
@@ -226,7 +226,7 @@ def summarize(out: Path, readme: bool, block: str = "vllm-serving-results") -> s
     if readme:
         from hf_dynaspec.bench import write_doc_block  # the project's environment (not vLLM's)
 
-        write_doc_block(Path(__file__).resolve().parents[2] / "README.md", block, text)
+        write_doc_block(Path(__file__).resolve().parents[2] / "docs" / "serving.md", block, text)
     return text
 
 
@@ -252,8 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "CPU backend reads as that; vLLM's default 0.92 refuses to start beside another process)")
     parser.add_argument("--summarize", action="store_true", help="write the results from the runs in --out")
     parser.add_argument("--runs-only", action="store_true", help="run the configurations, do not summarize")
-    parser.add_argument("--readme", action="store_true", help="with --summarize: the README's block too")
-    parser.add_argument("--block", default="vllm-serving-results", help="the README block --readme writes")
+    parser.add_argument("--readme", action="store_true", help="with --summarize: the block of docs/serving.md too")
+    parser.add_argument("--block", default="vllm-serving-results", help="the block of docs/serving.md --readme writes")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--draft-folder", dest="draft", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)

@@ -138,8 +138,7 @@ def speculative_decode(
 ) -> DynaSpecGenerateOutput | torch.LongTensor:
     """Lossless tree speculative decoding of a batch of prompts (B, T); see the module docstring."""
     model_kwargs = model_kwargs or {}
-    check_generation_inputs(input_ids, generation_config, model_kwargs, streamer,
-                            getattr(target.generation_config, "cache_implementation", None), logits_processor)
+    check_generation_inputs(input_ids, model_kwargs, streamer, logits_processor)
     settings = resolve_draft_settings(generation_config, drafter.generation_config, drafter.config,
                                       target.device.type)
     warn_beyond_window(drafter.config.layer_sliding_window, generation_config.max_length)
@@ -526,32 +525,20 @@ def choose_token(scores: torch.Tensor, do_sample: bool) -> int:
 HANDLED_MODEL_INPUTS = ("attention_mask", "position_ids", "use_cache", "cache", "past_key_values", "logits_to_keep")
 
 
-def check_generation_inputs(input_ids: torch.LongTensor, generation_config: GenerationConfig, model_kwargs: dict,
-                            streamer: object | None = None, model_default_cache: str | None = None,
+def check_generation_inputs(input_ids: torch.LongTensor, model_kwargs: dict, streamer: object | None = None,
                             logits_processor: LogitsProcessorList = ()) -> None:
-    """Refuse, with what to do instead, what the speculative loop would not honour: a cache the user passed or
-    asked for (`cache_implementation` other than the model's own default, `model_default_cache`, which the loop
-    replaces by its own without changing the output), model inputs it does not pass on, a streamer of a batch."""
+    """Refuse, with what to do instead, what the speculative loop would not honour: a cache the user passed, model
+    inputs it does not pass on, a streamer of a batch (generation settings: `hf_dynaspec.assisted_settings`)."""
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}.")
     if input_ids.shape[1] == 0:
         raise ValueError("The prompt is empty: pass at least one token (e.g. the BOS token).")
-    unsupported = [
-        name for name in ("output_attentions", "output_hidden_states") if getattr(generation_config, name, False)
-    ]
-    if unsupported:
-        raise ValueError(
-            f"{unsupported} are not supported with a DynaSpec drafter (tree verification mixes positions); "
-            "use output_scores / output_logits, or generate without `assistant_model`."
-        )
     user_cache = [model_kwargs.get(name) for name in ("cache", "past_key_values")]
-    asked = getattr(generation_config, "cache_implementation", None)
-    if asked is not None and asked != model_default_cache or any(
-            cache is not None and (getattr(cache, "_is_user_defined", False) or cache.get_seq_length() > 0)
-            for cache in user_cache):
+    if any(cache is not None and (getattr(cache, "_is_user_defined", False) or cache.get_seq_length() > 0)
+           for cache in user_cache):
         raise ValueError(
             "A DynaSpec drafter decodes with a cache of its own (tree verification keeps and drops draft entries): "
-            "drop `past_key_values` / `cache_implementation`, or generate without `assistant_model`."
+            "drop `past_key_values`, or generate without `assistant_model`."
         )
     ignored = sorted(k for k, v in model_kwargs.items() if k not in HANDLED_MODEL_INPUTS and v is not None)
     if ignored:

@@ -6,7 +6,8 @@ criteria, cache, streamer and assistant. We wrap three methods of `GenerationMix
 - `_assisted_decoding`: when the assistant is a `DynaSpecDrafter`, run `speculative_decode`; otherwise call
   transformers' own method unchanged.
 - `_validate_generation_mode`: a DynaSpec drafter with beam search (which transformers would silently ignore)
-  is refused, and so are DynaSpec settings without a DynaSpec drafter; `num_return_sequences` > 1, which
+  is refused, and so are DynaSpec settings without a DynaSpec drafter; transformers' own assisted-generation
+  settings are mapped onto DynaSpec's or refused (`hf_dynaspec.assisted_settings`); `num_return_sequences` > 1, which
   transformers refuses for assisted generation, is let through (its rows are decoded as a batch).
 - `_prepare_generation_config`: DynaSpec settings passed as generate() keyword arguments land on the call's
   generation config (plain or DynaSpec), where the decoding loop reads them.
@@ -37,6 +38,7 @@ import transformers
 from transformers.generation.utils import GenerationMixin, GenerationMode
 from transformers.pipelines import base as pipelines_base
 
+from ..assisted_settings import USER_SET, apply_assisted_settings, user_set_fields
 from ..generation_config import REMOVED_FIELDS, SPEC_FIELDS, speculative_fields_of
 from ..modeling import DynaSpecDrafter, names_a_drafter
 from .decoding import speculative_decode
@@ -107,8 +109,6 @@ def _wrap_assisted_decoding(original):
         if not _is_drafter(assistant):
             return original(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs)
         model_kwargs = {k: v for k, v in kwargs.items() if k not in _DECODING_KWARGS}
-        if kwargs.get("synced_gpus"):
-            raise ValueError("synced_gpus is not supported with a DynaSpec drafter.")
         return speculative_decode(
             self,
             input_ids,
@@ -137,6 +137,9 @@ def _wrap_validate_generation_mode(original):
                     f"{generation_mode.value}; set num_beams=1 or drop `assistant_model`."
                 )
             assistant.check_target(self)
+            arguments = {name: generation_mode_kwargs.get(name) for name in ("assistant_tokenizer", "synced_gpus")}
+            apply_assisted_settings(generation_config, getattr(generation_config, USER_SET, ()), arguments,
+                                    {"cache_implementation": (self.generation_config.cache_implementation,)})
             if generation_config.num_return_sequences > 1:  # transformers refuses it for assisted generation;
                 # the inputs are already expanded to one row per sequence, which DynaSpec decodes as a batch
                 generation_config = copy.copy(generation_config)
@@ -156,8 +159,12 @@ def _wrap_prepare_generation_config(original):
     @functools.wraps(original)
     def _prepare_generation_config(self, generation_config, *args, **kwargs):
         """DynaSpec keyword arguments of generate() (tree_policy=..., ...) become attributes of the call's
-        config (a copy) instead of unknown model kwargs, so they are honoured, or refused without a drafter."""
+        config (a copy) instead of unknown model kwargs, so they are honoured, or refused without a drafter. The
+        transformers settings the call set itself (before transformers fills in its global defaults) are noted on
+        the config (`USER_SET`), for `apply_assisted_settings` to map with a DynaSpec drafter."""
+        user_set = user_set_fields(generation_config, self.generation_config, kwargs)
         config, model_kwargs = original(self, generation_config, *args, **kwargs)
+        setattr(config, USER_SET, sorted(user_set))
         for name in (*SPEC_FIELDS, *REMOVED_FIELDS):  # a removed one is refused by name, not as a model kwarg
             if name in model_kwargs:
                 setattr(config, name, model_kwargs.pop(name))

@@ -4,7 +4,7 @@ slices (`data/multilingual_slice.jsonl`, one category per language), the held-ou
 folder). Every condition the issue sets, measured against its goal; per-slice tables of accepted length, root
 recall and recovery; the fastest shortlist mode over every slice (`fastest_mode` in conditions.json, the default
 `export.py` ships). Writes `conditions.json` / `conditions.md` into the language run's folder and prints the
-markdown; with --readme also the README's block and docs/architecture.md's (what decides between the modes). Every
+markdown; with --readme also docs/results.md's block and docs/architecture.md's (what decides between the modes). Every
 figure comes from the runs, a condition whose methods are missing reads "not measured". Where a slice's folder
 holds `root_recall.json` (root_recall.py: recall at every continuation position against the target's next token
 and the drafter's full-head top-1), its table and its root-draft ceiling follow.
@@ -303,7 +303,7 @@ def main() -> None:
     parser.add_argument("--heldout", type=Path, default=None,
                         help="heldout_compare.py's results.json: other drafters on the curve's held-out positions")
     parser.add_argument("--readme", action="store_true",
-                        help=f"also write the README's {README_BLOCK} block and docs/architecture.md's {DOC_BLOCK}")
+                        help=f"also write docs/results.md's {README_BLOCK} block and docs/architecture.md's {DOC_BLOCK}")
     args = parser.parse_args()
     found, best, text, why = report(args.languages, args.code, args.spec, args.curve, args.heldout)
     write_conditions(args.languages, found, best, text, README_BLOCK if args.readme else None)

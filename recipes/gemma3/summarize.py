@@ -250,7 +250,7 @@ def main() -> None:
     parser.add_argument("--code", type=Path, default=None, help="code-slice run folder (results.json)")
     parser.add_argument("--fixed", type=Path, default=None,
                         help="the fixed-size-tree diagnostic run folder (stage 7b of the English recipe, recipes/gemma3/run.sh at 46a1249), added when given")
-    parser.add_argument("--readme", action="store_true", help=f"also write the README's {README_BLOCK} block")
+    parser.add_argument("--readme", action="store_true", help=f"also write docs/results.md's {README_BLOCK} block")
     args = parser.parse_args()
     found, best, tables = conditions(args.bench, args.code)
     meta = json.loads((args.bench / "results.json").read_text())["meta"]
@@ -262,12 +262,12 @@ def main() -> None:
 
 def write_conditions(folder: Path, found: list[Condition], best: str | None, text: str, block: str | None) -> None:
     """A comparison's report: conditions.md (`text`), conditions.json (the conditions and the fastest shortlist mode,
-    which `export.py` ships as the default), the README's `block` when named; the text printed."""
+    which `export.py` ships as the default), docs/results.md's `block` when named; the text printed."""
     (folder / "conditions.md").write_text(text + "\n")
     (folder / "conditions.json").write_text(json.dumps(
         {"conditions": [c.__dict__ for c in found], "fastest_mode": best}, indent=1) + "\n")
     if block is not None:
-        write_doc_block(ROOT / "README.md", block, text)
+        write_doc_block(ROOT / "docs" / "results.md", block, text)
     print(text)
 
 

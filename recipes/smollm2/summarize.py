@@ -1,5 +1,5 @@
 """The results summary of a committed Spec-Bench run: the model card's headline section (`export.py`) and the
-README's "Results so far".
+"SmolLM2" section of docs/results.md.
 
 Every number comes from the run's `results.json` (and `early-exit/results.json` when that side run exists),
 so the summary cannot drift from the measurements.
@@ -219,7 +219,7 @@ def main() -> None:
     parser.add_argument("--previous", type=Path, default=None,
                         help="bench folder of the drafter this one replaced: accepted lengths on the shared prompts")
     parser.add_argument("--readme", action="store_true",
-                        help=f"also write the summary into README.md (generated block `{README_BLOCK}`)")
+                        help=f"also write the summary into docs/results.md (generated block `{README_BLOCK}`)")
     args = parser.parse_args()
     text = summary_text(args.bench)
     if args.previous is not None:
@@ -227,7 +227,7 @@ def main() -> None:
     if args.quality is not None:
         text += "\n\n" + quality_text(args.quality)
     if args.readme:
-        write_doc_block(ROOT / "README.md", README_BLOCK, text)
+        write_doc_block(ROOT / "docs" / "results.md", README_BLOCK, text)
     print(text)
 
 
