@@ -42,7 +42,7 @@ def generator_for(target, drafter, prompt_ids: torch.Tensor, tree: tuple[int, in
     """A generator that has read the prompt, set for one path and tree; the committed ids with the root last."""
     nodes, depth, top_k = tree
     config = DynaSpecGenerationConfig(num_draft_nodes=nodes, draft_depth=depth, draft_top_k=top_k,
-                                      lookup_num_tokens=0, min_draft_prob=0.0, **PATHS[path])
+                                      lookup_num_tokens=0, min_draft_prob=0.0, implementation=PATHS[path])
     settings = resolve_draft_settings(config, drafter.generation_config, drafter.config, "cpu")
     generator = DynaSpecCandidateGenerator(drafter, settings)
     with torch.no_grad():

@@ -152,7 +152,7 @@ def run_syncs(ctx: Context) -> dict[str, Any]:
         ids = prompt_ids(1, plan.prompt_length, fields["vocab_size"], ctx.device)
         for (tree, settings), (drafting, where) in itertools.product(plan.trees.items(), DRAFTING.items()):
             # the whole tree every step: host vs device drafting compared on the same drafted steps
-            config = DynaSpecGenerationConfig(**settings, **where, max_new_tokens=plan.new_tokens, do_sample=False,
+            config = DynaSpecGenerationConfig(**settings, implementation=where, max_new_tokens=plan.new_tokens, do_sample=False,
                                               step_policy="off")
             rows.append(sync_row(name, tree, drafting, count_syncs(target, drafter, ids, config)))
             bar.update()

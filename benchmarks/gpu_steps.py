@@ -37,8 +37,8 @@ def step_generator(ctx: Context, drafter: Any, mode: str, graphed: bool) -> Any:
     from hf_dynaspec.generation_config import resolve_draft_settings
 
     head_mode, _ = head_mode_and_layout(mode)
-    config = DynaSpecGenerationConfig(head_mode=head_mode, shortlist_layout="lanes", tree_growth="device",
-                                      draft_graphs="off")
+    config = DynaSpecGenerationConfig(head_mode=head_mode, implementation=dict(
+        shortlist_layout="lanes", tree_growth="device", draft_graphs="off"))
     settings = resolve_draft_settings(config, None, drafter.config, ctx.device.type)
     settings = dataclasses.replace(settings, draft_graphs="on" if graphed else "off")
     context, width = ctx.plan.drafter_context, len(drafter.config.feature_layer_ids) * drafter.config.hidden_size

@@ -8,7 +8,12 @@
 from . import checkpoints as _checkpoints  # noqa: F401  (lets from_pretrained open EAGLE-3 checkpoints)
 from .configuration import DynaSpecConfig
 from .cpu import prepare_for_cpu
-from .generation import DynaSpecGenerateOutput, DynaSpecGenerationConfig, SpeculativeStats
+from .generation import (
+    DynaSpecGenerateOutput,
+    DynaSpecGenerationConfig,
+    ImplementationConfig,
+    SpeculativeStats,
+)
 from .generation.calibration import measure_verify_costs
 from .generation.candidates import DynaSpecCandidateGenerator
 from .generation.hook import install as _install_generate_hook
@@ -26,6 +31,7 @@ __all__ = [
     "DynaSpecDrafter",
     "DynaSpecGenerateOutput",
     "DynaSpecGenerationConfig",
+    "ImplementationConfig",
     "SpeculativeStats",
     "gathered_lm_head",
     "measure_verify_costs",

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from .bench_prompts import round_robin
 from .evaluation import load as load_evaluation
 from .generation.stats import SpeculativeStats
-from .generation_config import DynaSpecGenerationConfig
+from .generation_config import DynaSpecGenerationConfig, split_implementation
 from .machine import machine_description
 from .targets import encode_formatted
 
@@ -114,7 +114,7 @@ def method_settings(method: str) -> dict | None:
     for item in params.rstrip("]").split(","):
         key, _, value = item.partition("=")
         extra[key.strip()] = parse_value(value.strip())
-    return {**settings, **extra}
+    return split_implementation({**settings, **extra})  # "verify_head=rows" is an implementation setting
 
 
 def parse_value(text: str) -> bool | int | float | str:
@@ -332,9 +332,10 @@ def significance_mark(summary: Summary, against: str) -> str:
 def head_key(method: str, category: str, head_mode: str | None = None) -> tuple | None:
     """(category, settings with `head_mode` replaced): methods differing only in their head share a key."""
     settings = method_settings(method)
-    if settings is None:
+    if settings is None or "head_mode" not in settings:  # plain, transformers' methods, the drafter's defaults
         return None
-    return category, tuple(sorted({**settings, "head_mode": head_mode or settings["head_mode"]}.items()))
+    frozen = {k: tuple(sorted(v.items())) if isinstance(v, dict) else v for k, v in settings.items()}
+    return category, tuple(sorted({**frozen, "head_mode": head_mode or settings["head_mode"]}.items()))
 
 
 def counterparts(summaries: list[Summary]) -> dict[tuple, Summary]:

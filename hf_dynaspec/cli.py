@@ -37,7 +37,14 @@ from .configuration import ARCHITECTURES, eagle3_layer_ids
 from .cpu import is_prepared_for_cpu, prepare_for_cpu
 from .generation import measured
 from .generation.calibration import measured_walk_heads
-from .generation_config import HEAD_MODES, SPEC_FIELDS, STEP_POLICIES, TREE_POLICIES, DynaSpecGenerationConfig
+from .generation_config import (
+    IMPLEMENTATION_FIELDS,
+    SPEC_FIELDS,
+    STEP_POLICIES,
+    TREE_POLICIES,
+    DynaSpecGenerationConfig,
+)
+from .head_modes import head_modes
 from .interchange import DEFAULT_DRAFT_VOCAB, FORMATS, export_eagle3, shortlist_counts_on_data
 from .machine import machine_description
 from .modeling import DynaSpecDrafter
@@ -395,7 +402,7 @@ def _add_speculative(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-draft-nodes", type=int, default=None, help="tree budget, root excluded")
     parser.add_argument("--draft-depth", type=int, default=None, help="deepest draft position")
     parser.add_argument("--draft-top-k", type=int, default=None, help="children proposed per expanded node")
-    parser.add_argument("--head-mode", choices=HEAD_MODES, default=None,
+    parser.add_argument("--head-mode", choices=head_modes(), default=None,
                         help="drafter head: router shortlist, whole vocabulary, the static shortlist, the context's "
                              "tokens + a frequent core, or router + context")
     parser.add_argument("--min-draft-prob", type=float, default=None,
@@ -674,12 +681,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     target, tokenizer, drafter = load_models(args, args.drafter)
-    fields = {
-        name: getattr(args, name)
-        for name in SPEC_FIELDS
-        if getattr(args, name, None) is not None
-    }
+    fields = {name: getattr(args, name) for name in SPEC_FIELDS if getattr(args, name, None) is not None}
+    implementation = {name: getattr(args, name) for name in IMPLEMENTATION_FIELDS
+                      if getattr(args, name, None) is not None}
     config = DynaSpecGenerationConfig(
+        implementation=implementation or None,
         **fields, max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True
     )
     return compare(target, tokenizer, drafter, args.prompt, config, "plain" if args.no_chat_template else "chat")

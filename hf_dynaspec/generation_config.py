@@ -15,16 +15,22 @@ per-device trees (`DEFAULT_DEVICE_TREES`) are chosen from measured costs (`bench
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from transformers import GenerationConfig
 
 from .configuration import DynaSpecConfig
-from .head import HEAD_MODES, LAYOUTS, ROUTER_MODES, STATIC_SIZED_MODES
+from .head import LAYOUTS
+from .head_modes import head_modes, head_named
 
 TREE_POLICIES = ("eagle2", "dyspec", "chain")
+# How DynaSpec runs, not what it decides: set in one sub-object, `implementation=` (`ImplementationConfig`); the
+# automatic choice is each one's default. Set flat (the names' first home) they still load, with a FutureWarning.
+IMPLEMENTATION_FIELDS = ("shortlist_layout", "tree_growth", "draft_graphs", "verify_head", "synchronize_timers",
+                         "count_host_reads")
 SPEC_FIELDS = (
     "tree_policy",
     "num_draft_nodes",
@@ -39,13 +45,8 @@ SPEC_FIELDS = (
     "lookup_max_ngram",
     "lookup_min_ngram",
     "step_policy",
-    "synchronize_timers",
-    "shortlist_layout",
-    "count_host_reads",
-    "tree_growth",
-    "draft_graphs",
-    "verify_head",
     "device_trees",
+    "implementation",
 )
 # The fields that size the draft tree: what `device_trees` may set per device type.
 TREE_FIELDS = ("tree_policy", "num_draft_nodes", "draft_depth", "draft_top_k", "min_draft_prob", "step_policy")
@@ -65,12 +66,56 @@ TREE_GROWTHS = ("auto", "host", "device")
 DRAFT_GRAPHS = ("auto", "on", "off")
 VERIFY_HEADS = ("auto", "full", "rows", "columns", "prefilter")  # "auto" and the walk layouts are CPU paths
 GRAPH_DEVICE_TYPES = ("cuda",)  # where draft steps can be captured as graphs (`generation.graphs`)
-GRAPH_HEAD_MODES = ("dynamic", "static", "full", "trained")  # the heads whose shapes stay fixed from one step to the next
 # Per device type, over DEFAULT_SETTINGS: the tree with the best modelled speed from measured GPU costs and
 # measured acceptance (`python benchmarks/device_tree.py`, results in benchmarks/results/cuda-default-tree).
 DEFAULT_DEVICE_TREES: dict[str, dict[str, Any]] = {
     "cuda": dict(num_draft_nodes=48, draft_depth=3, draft_top_k=16, min_draft_prob=0.0),
 }
+
+
+@dataclass
+class ImplementationConfig:
+    """How DynaSpec runs on the target's device, not what it decides: each field's automatic choice is its
+    default (None: the drafter's, else the library's), as transformers keeps `compile_config` apart. Fields are
+    documented on `DynaSpecGenerationConfig`; a dict with the same keys works wherever this does."""
+
+    shortlist_layout: str | None = None
+    tree_growth: str | None = None
+    draft_graphs: str | None = None
+    verify_head: str | None = None
+    synchronize_timers: bool | None = None
+    count_host_reads: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that are set."""
+        return {name: value for name, value in asdict(self).items() if value is not None}
+
+
+def implementation_dict(value: ImplementationConfig | dict | None) -> dict[str, Any] | None:
+    """`implementation=` as a dict of the fields set (None: nothing set); unknown keys refused."""
+    if value is None:
+        return None
+    if isinstance(value, ImplementationConfig):
+        value = value.to_dict()
+    if not isinstance(value, dict) or set(value) - set(IMPLEMENTATION_FIELDS):
+        raise ValueError(f"implementation= takes an ImplementationConfig or a dict with keys from "
+                         f"{IMPLEMENTATION_FIELDS}, got {value!r}.")
+    return {name: field for name, field in value.items() if field is not None} or None
+
+
+def split_implementation(fields: dict[str, Any]) -> dict[str, Any]:
+    """Settings given flat, as keyword arguments: the implementation ones gathered into `implementation`."""
+    implementation = {**(implementation_dict(fields.get("implementation")) or {}),
+                      **{k: v for k, v in fields.items() if k in IMPLEMENTATION_FIELDS}}
+    rest = {k: v for k, v in fields.items() if k not in IMPLEMENTATION_FIELDS and k != "implementation"}
+    return {**rest, "implementation": implementation} if implementation else rest
+
+
+def moved_to_implementation(name: str, value: Any) -> None:
+    """The FutureWarning of an implementation setting set flat."""
+    warnings.warn(f"{name}={value!r} set flat is deprecated: pass implementation={{{name!r}: {value!r}}} (settings "
+                  "that choose how DynaSpec runs, not what it decides, live in `implementation`).", FutureWarning,
+                  stacklevel=4)
 
 
 class DynaSpecGenerationConfig(GenerationConfig):
@@ -104,33 +149,35 @@ class DynaSpecGenerationConfig(GenerationConfig):
         static_size (`int`, *optional*): "static" head: use only the N most frequent tokens of the drafter's
             frequency-ranked static shortlist (None: all of it), e.g. to compare shortlist sizes in one run;
             "context" head: the size of its frequent core (NanoSpec keeps it under 3k tokens).
-        synchronize_timers (`bool`): on CUDA, synchronise around each timed section of `speculative_stats`
-            so its times measure work rather than kernel launches (slows decoding; for profiling).
-        shortlist_layout (`str`): how the "dynamic" and "union" heads lay out their shortlists: "union" (the
-            union of the positions' clusters in one GEMM, planned on the host: one host read per head call),
-            "lanes" (each position's own clusters in fixed-size lanes: no host read, for CUDA graphs and
-            compiled steps) or "auto" ("lanes" on CUDA, "union" elsewhere). Same drafts either way.
-        tree_growth (`str`): where the "eagle2" and "chain" trees grow: "host" (each expansion's proposals read
-            on the host to pick the next: one host read per draft depth), "device" (fixed-shape tensor ops, the
-            tree read once; `generation.tree`, a pool without host columns) or "auto" ("device" on CUDA, "host"
-            elsewhere). Same trees.
-            "dyspec" trees always grow on the host.
-        draft_graphs (`str`): run each draft step of device-grown trees as a captured CUDA graph, one per step
-            shape (`generation.graphs`; a capture that fails runs eagerly, with the reason logged): "on", "off"
-            or "auto" ("on" where it applies: CUDA, `tree_growth="device"`, an "eagle2" or "chain" tree, head
-            "dynamic" with the "lanes" layout, "static" or "full"). Same drafts either way.
-        verify_head (`str`): how verification applies the target's LM head: "full" (every node's logits in the
-            verification pass), "rows" / "columns" (only along the walk, the rows the walk reaches, in the
-            head's own or a transposed layout), "prefilter" (greedy without logits processors or kept scores
-            only: each walk row's exact argmax from a bf16 copy of the head and an fp32 rescoring of the tokens
-            its error bound leaves, `generation.prefilter`) or "auto" (on CPU the fastest here of those the
-            call can use, timed once per target; "full" elsewhere). Same output either way.
-        count_host_reads (`bool`): count the reads of device values on the host in each decoding step (each is a
-            GPU synchronisation), ours and the target forward's apart, into `speculative_stats` (slows decoding:
-            every tensor operation is intercepted; for profiling).
         device_trees (`dict[str, dict]`): tree fields per device type, e.g.
             `{"cpu": {"num_draft_nodes": 12}, "cuda": {"num_draft_nodes": 60, "draft_depth": 6}}`: where the
             target runs on that device type, they override this config's flat fields (keys: `TREE_FIELDS`).
+        implementation (`ImplementationConfig` or `dict`): how DynaSpec runs, not what it decides; each field's
+            automatic choice is its default (set flat, as before, they still load, with a FutureWarning):
+            synchronize_timers (`bool`): on CUDA, synchronise around each timed section of `speculative_stats`
+                so its times measure work rather than kernel launches (slows decoding; for profiling).
+            shortlist_layout (`str`): how the "dynamic" and "union" heads lay out their shortlists: "union" (the
+                union of the positions' clusters in one GEMM, planned on the host: one host read per head call),
+                "lanes" (each position's own clusters in fixed-size lanes: no host read, for CUDA graphs and
+                compiled steps) or "auto" ("lanes" on CUDA, "union" elsewhere). Same drafts either way.
+            tree_growth (`str`): where the "eagle2" and "chain" trees grow: "host" (each expansion's proposals read
+                on the host to pick the next: one host read per draft depth), "device" (fixed-shape tensor ops, the
+                tree read once; `generation.tree`, a pool without host columns) or "auto" ("device" on CUDA, "host"
+                elsewhere). Same trees.
+                "dyspec" trees always grow on the host.
+            draft_graphs (`str`): run each draft step of device-grown trees as a captured CUDA graph, one per step
+                shape (`generation.graphs`; a capture that fails runs eagerly, with the reason logged): "on", "off"
+                or "auto" ("on" where it applies: CUDA, `tree_growth="device"`, an "eagle2" or "chain" tree, head
+                "dynamic" with the "lanes" layout, "static" or "full"). Same drafts either way.
+            verify_head (`str`): how verification applies the target's LM head: "full" (every node's logits in the
+                verification pass), "rows" / "columns" (only along the walk, the rows the walk reaches, in the
+                head's own or a transposed layout), "prefilter" (greedy without logits processors or kept scores
+                only: each walk row's exact argmax from a bf16 copy of the head and an fp32 rescoring of the tokens
+                its error bound leaves, `generation.prefilter`) or "auto" (on CPU the fastest here of those the
+                call can use, learned from the call's own verifications; "full" elsewhere). Same output either way.
+            count_host_reads (`bool`): count the reads of device values on the host in each decoding step (each is a
+                GPU synchronisation), ours and the target forward's apart, into `speculative_stats` (slows decoding:
+                every tensor operation is intercepted; for profiling).
     """
 
     def __init__(
@@ -148,13 +195,8 @@ class DynaSpecGenerationConfig(GenerationConfig):
         lookup_min_ngram: int | None = None,
         step_policy: str | None = None,
         static_size: int | None = None,
-        synchronize_timers: bool | None = None,
-        shortlist_layout: str | None = None,
-        count_host_reads: bool | None = None,
-        tree_growth: str | None = None,
-        draft_graphs: str | None = None,
-        verify_head: str | None = None,
         device_trees: dict[str, dict[str, Any]] | None = None,
+        implementation: ImplementationConfig | dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         self.tree_policy = tree_policy
@@ -170,13 +212,14 @@ class DynaSpecGenerationConfig(GenerationConfig):
         self.lookup_min_ngram = lookup_min_ngram
         self.step_policy = step_policy
         self.static_size = static_size
-        self.synchronize_timers = synchronize_timers
-        self.shortlist_layout = shortlist_layout
-        self.count_host_reads = count_host_reads
-        self.tree_growth = tree_growth
-        self.draft_graphs = draft_graphs
-        self.verify_head = verify_head
         self.device_trees = device_trees
+        chosen = dict(implementation_dict(implementation) or {})
+        for name in IMPLEMENTATION_FIELDS:  # set flat: still honoured, with a FutureWarning
+            if kwargs.get(name) is not None:
+                moved_to_implementation(name, kwargs[name])
+                chosen = merge_flat(chosen, name, kwargs[name])
+            kwargs.pop(name, None)
+        self.implementation = chosen or None
         super().__init__(**kwargs)
 
     def speculative_fields(self) -> dict[str, Any]:
@@ -195,7 +238,21 @@ def speculative_fields_of(config: GenerationConfig | None) -> dict[str, Any]:
     if config is None:
         return {}
     check_removed_fields(config)
-    return {name: getattr(config, name) for name in SPEC_FIELDS if getattr(config, name, None) is not None}
+    fields = {name: getattr(config, name) for name in SPEC_FIELDS if getattr(config, name, None) is not None}
+    chosen = dict(implementation_dict(fields.pop("implementation", None)) or {})
+    for name in IMPLEMENTATION_FIELDS:  # set flat on a plain GenerationConfig, or moved there from generate()
+        if getattr(config, name, None) is not None:
+            moved_to_implementation(name, getattr(config, name))
+            chosen = merge_flat(chosen, name, getattr(config, name))
+    return {**fields, **chosen}
+
+
+def merge_flat(chosen: dict[str, Any], name: str, value: Any) -> dict[str, Any]:
+    """`chosen` with an implementation setting given flat; refused where `implementation` sets it otherwise."""
+    if chosen.get(name, value) != value:
+        raise ValueError(f"{name} is set twice, {value!r} flat and {chosen[name]!r} in implementation=: set it once, "
+                         "in implementation=.")
+    return {**chosen, name: value}
 
 
 def check_removed_fields(config: GenerationConfig) -> None:
@@ -238,7 +295,7 @@ class DraftSettings:
 
 def check_speculative_fields(fields: dict[str, Any]) -> None:
     """Raise `ValueError` naming the field and the valid range for impossible values."""
-    choices = {"tree_policy": TREE_POLICIES, "head_mode": HEAD_MODES, "shortlist_layout": SHORTLIST_LAYOUTS,
+    choices = {"tree_policy": TREE_POLICIES, "head_mode": head_modes(), "shortlist_layout": SHORTLIST_LAYOUTS,
                "tree_growth": TREE_GROWTHS, "draft_graphs": DRAFT_GRAPHS, "verify_head": VERIFY_HEADS,
                "step_policy": STEP_POLICIES}
     ranges = {
@@ -300,7 +357,7 @@ def check_static_size(static_size: int | None, head_mode: str, drafter_config: D
     shortlist at least that long in the drafter."""
     if static_size is None:
         return
-    if head_mode not in STATIC_SIZED_MODES:
+    if not head_named(head_mode).reads_static:
         raise ValueError(
             f"static_size={static_size} sizes the static shortlist of head_mode 'static' or the frequent core of "
             f"head_mode 'context'; head_mode={head_mode!r} does not read it: drop static_size or change head_mode."
@@ -317,8 +374,10 @@ def check_static_size(static_size: int | None, head_mode: str, drafter_config: D
 def default_drafter_generation_config(shortlist_k0: int, shortlist_k1: int) -> DynaSpecGenerationConfig:
     """The defaults a fresh drafter carries: all but the tree, which it takes per device from the library
     (`DEFAULT_SETTINGS`, `DEFAULT_DEVICE_TREES`) until a tuned tree is stored in its `device_trees`."""
-    flat = {k: v for k, v in DEFAULT_SETTINGS.items() if k not in TREE_FIELDS}
-    return DynaSpecGenerationConfig(shortlist_k0=shortlist_k0, shortlist_k1=shortlist_k1, **flat)
+    flat = {k: v for k, v in DEFAULT_SETTINGS.items() if k not in (*TREE_FIELDS, *IMPLEMENTATION_FIELDS)}
+    implementation = {k: v for k, v in DEFAULT_SETTINGS.items() if k in IMPLEMENTATION_FIELDS}
+    return DynaSpecGenerationConfig(shortlist_k0=shortlist_k0, shortlist_k1=shortlist_k1,
+                                    implementation=implementation, **flat)
 
 
 def resolve_draft_settings(
@@ -337,7 +396,8 @@ def resolve_draft_settings(
         fields = speculative_fields_of(config)
         trees = fields.pop("device_trees", {})
         check_speculative_fields({"device_trees": trees})
-        if fields.get("head_mode") not in (None, *STATIC_SIZED_MODES) and "static_size" not in fields:
+        if fields.get("head_mode") is not None and not head_named(fields["head_mode"]).reads_static \
+                and "static_size" not in fields:
             fields["static_size"] = None  # a lower level's list size went with its head, which this level replaces
         merged.update(fields)
         merged.update(trees.get(device_type, {}))
@@ -366,19 +426,9 @@ def resolve_draft_settings(
 
 
 def check_head_available(head_mode: str, drafter_config: DynaSpecConfig) -> None:
-    """Raise `ValueError` saying what to do when the drafter cannot run `head_mode`: an unfitted router (an imported
-    EAGLE-3 checkpoint before `hf-dynaspec router-fit`) or no own trained head."""
-    if head_mode in ROUTER_MODES and not drafter_config.router_fitted:
-        raise ValueError(
-            f"head_mode={head_mode!r} reads the drafter's router, which was not trained (a drafter imported from an "
-            "EAGLE-3 checkpoint): fit it first (`hf-dynaspec router-fit --drafter <folder> ...`), or use "
-            "head_mode 'trained' (the checkpoint's own head), 'static' or 'full'."
-        )
-    if head_mode == "trained" and not drafter_config.draft_vocab_size:
-        raise ValueError(
-            "head_mode='trained' needs a drafter with its own trained head (one loaded from an EAGLE-3 checkpoint); "
-            "this drafter borrows the target's LM-head rows: use head_mode 'dynamic', 'static' or 'full'."
-        )
+    """Raise `ValueError` saying what to do when the drafter cannot run `head_mode` (an unfitted router, no own
+    trained head: `HeadMode.check_drafter`)."""
+    head_named(head_mode).check_drafter(drafter_config)
 
 
 def resolve_draft_graphs(merged: dict[str, Any], device_type: str) -> str:
@@ -388,14 +438,13 @@ def resolve_draft_graphs(merged: dict[str, Any], device_type: str) -> str:
     if wanted == "off":
         return "off"
     blockers = []
+    head_blocker = head_named(merged["head_mode"]).graph_blocker(merged["shortlist_layout"])
     if device_type not in GRAPH_DEVICE_TYPES:
         blockers.append(f"the target runs on {device_type!r} (graphs are CUDA graphs)")
     if merged["tree_growth"] != "device" or merged["tree_policy"] == "dyspec":
         blockers.append("trees must grow on the device (tree_growth='device', tree_policy 'eagle2' or 'chain')")
-    if merged["head_mode"] not in GRAPH_HEAD_MODES:
-        blockers.append(f"head_mode {merged['head_mode']!r} changes shape every step (use one of {GRAPH_HEAD_MODES})")
-    elif merged["head_mode"] == "dynamic" and merged["shortlist_layout"] != "lanes":
-        blockers.append("the 'dynamic' head needs shortlist_layout='lanes' (fixed-size shortlists)")
+    if head_blocker is not None:
+        blockers.append(head_blocker)
     if wanted == "on" and blockers:
         raise ValueError("DynaSpecGenerationConfig.draft_graphs='on' cannot apply: " + "; ".join(blockers)
                          + ". Change that, or set draft_graphs='auto' / 'off'.")

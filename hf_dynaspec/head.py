@@ -1,18 +1,10 @@
 """The drafter's shortlisted LM head: logits over a few rows of the target's LM head, never all of them.
 
-Six modes share one interface (`ShortlistHead.logits`):
-- "dynamic": DynaSpec. Each position keeps the tokens of its router's top-k clusters. Rows are read in place
-  from a cluster-sorted copy of the head made once at bind time (one GEMM per contiguous run of selected
-  clusters, `hf_dynaspec.ops.segmented_lm_head`) on CPU, or gathered by the fused Triton kernel on CUDA.
-- "full": the whole vocabulary (the EAGLE baseline).
-- "static": a fixed token set, e.g. the most frequent tokens (the FR-Spec / VocabTrim baseline), rows copied
-  once at bind time.
-- "context": training-free, as NanoSpec (arXiv 2605.26444): the tokens already in the context (prompt and
-  output so far) plus the static set as a small frequent core.
-- "union": each position's router clusters plus the context tokens: the router finds what the context
-  predicts, the context supplies the rare names and identifiers it already holds.
-- "trained": the drafter's own LM head over its draft vocabulary (`TrainedHead`: an EAGLE-3 checkpoint trained
-  elsewhere, its `lm_head` with the target ids of its `d2t` map), as the servers that read such a checkpoint draft.
+The head modes ("dynamic", "full", "static", "context", "union", "trained") are objects in `head_modes`, each
+over this module's machinery: `ShortlistHead.logits(features, mode, ...)` hands the call to the mode named.
+On CPU the "dynamic" rows are read in place from a cluster-sorted copy of the head made once at bind time (one
+GEMM per contiguous run of selected clusters, `hf_dynaspec.ops.segmented_lm_head`); on CUDA the fused Triton
+kernel gathers them.
 The `always_include_ids` (EOS) are always in the target-row shortlists, so the drafter can propose the end of a
 reply; the "trained" head scores exactly the vocabulary it was trained on.
 A token is in at most one finite column per position (duplicates would count its probability twice).
@@ -36,15 +28,14 @@ import torch
 import torch.nn.functional as F
 
 from .clustering import VocabClusters
+from .head_modes import HeadRequest, head_modes, head_named
+from .head_output import ContextColumns, HeadOutput
 from .ops import cluster_head_impl, gathered_lm_head, load_kernel_package, segmented_lm_head
-from .router import UnionLimit, check_max_union_tokens, select_clusters
+from .router import UnionLimit, check_max_union_tokens
 
-HEAD_MODES = ("dynamic", "full", "static", "context", "union", "trained")
+__all__ = ["ClusterGemm", "ContextColumns", "HeadOutput", "LAYOUTS", "LogitTransform", "ShortlistHead", "TrainedHead"]
 ClusterGemm = Callable[[torch.Tensor, list[int]], torch.Tensor]  # (features (T, d), clusters) -> (T, S) logits
 LAYOUTS = ("union", "lanes")  # how the router's shortlists are laid out (module docstring)
-CONTEXT_MODES = ("context", "union")  # the modes that read the context's token ids
-STATIC_SIZED_MODES = ("static", "context")  # the modes that read the static shortlist (`static_size` sizes it)
-ROUTER_MODES = ("dynamic", "union")  # the modes that read the router's clusters
 
 
 @dataclass(frozen=True)
@@ -87,47 +78,11 @@ class TrainedHead:
         logits = F.linear(features, self.weight).float()  # (T, N)
         if self.scale != 1.0:
             logits = logits * self.scale
-        sizes = torch.full((logits.shape[0],), logits.shape[1], device=logits.device)
-        return HeadOutput(self.token_ids, logits, sizes)
-
-
-@dataclass
-class HeadOutput:
-    """Shortlisted logits of T draft positions.
-
-    token_ids: (S,) vocabulary ids of the columns, or (T, S) per position ("lanes" layout); logits: (T, S)
-    fp32, -inf where a column is outside that position's own shortlist; shortlist_sizes: (T,) number of
-    finite columns per position.
-    """
-
-    token_ids: torch.Tensor
-    logits: torch.Tensor
-    shortlist_sizes: torch.Tensor
-
-    def ids_at(self, columns: torch.Tensor) -> torch.Tensor:
-        """Vocabulary ids of the columns (T, k) of each position: (T, k)."""
-        return self.token_ids.expand_as(self.logits).gather(1, columns)
-
-    def to_vocab(self, vocab_size: int) -> torch.Tensor:
-        """Scatter into (T, V) with -inf outside the shortlist (for tests and the sampling verifier)."""
-        out = self.logits.new_full((self.logits.shape[0], vocab_size), float("-inf"))  # (T, V)
-        # An always-included id can own two columns (its cluster's and its extra one); at most one of them
-        # is finite per position, so the max keeps it.
-        index = self.token_ids.expand_as(self.logits)  # (T, S)
-        return out.scatter_reduce_(1, index, self.logits, reduce="amax")
-
-
-@dataclass
-class ContextColumns:
-    """The columns the "context" / "union" heads add for one decoding step, made once per step
-    (`ShortlistHead.context_columns`): token_ids (C,) distinct ascending, weight (C, d) their LM-head rows."""
-
-    token_ids: torch.Tensor
-    weight: torch.Tensor
+        return HeadOutput.dense(self.token_ids, logits)
 
 
 class ShortlistHead:
-    """Prepared views of the target's LM head for the three head modes (built by `DynaSpecDrafter.bind`)."""
+    """Prepared views of the target's LM head that the head modes score from (built by `DynaSpecDrafter.bind`)."""
 
     def __init__(
         self,
@@ -167,7 +122,13 @@ class ShortlistHead:
             self.static_ranking = static_token_ids.to(self.device)  # (S0,) as stored (ranked or by id)
             self.static_ids, self.static_weight = self._static_columns(self.static_ranking.numel())
 
-    def _static_prefix(self, static_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def static_prefix(self, static_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The static shortlist's first `static_size` tokens (None: all): (S,) ids, (S, d) rows."""
+        if self.static_ids is None:
+            raise ValueError(
+                "head_mode='static' needs a static shortlist: build the drafter with "
+                "`static_token_ids=` (e.g. the most frequent tokens) or use head_mode='dynamic'."
+            )
         stored = self.static_ranking.numel()
         if static_size is None or static_size == stored:
             return self.static_ids, self.static_weight
@@ -190,10 +151,10 @@ class ShortlistHead:
 
     def context_columns(self, context_tokens: Iterable[int], mode: str, static_size: int | None = None) -> ContextColumns:
         """The step's extra columns from the tokens read so far (host ids, so nothing is read from the device):
-        with the always-included ids, and in "context" mode the static set (its `static_size` most frequent
+        with the always-included ids, and for a mode that reads it ("context") the static set (its `static_size` most frequent
         tokens) as the frequent core (NanoSpec)."""
         ids = set(context_tokens) | set(self.extra_id_list)
-        if mode == "context" and self.static_ids is not None:
+        if head_named(mode).reads_static and self.static_ids is not None:
             ids |= self._static_host_ids(static_size)
         token_ids = torch.tensor(sorted(ids), dtype=torch.long, device=self.device)  # (C,) ascending
         return ContextColumns(token_ids, self.weight.index_select(0, token_ids))
@@ -202,7 +163,7 @@ class ShortlistHead:
         """The static prefix's ids on the host (read once per size, then kept)."""
         size = self.static_ranking.numel() if static_size is None else static_size
         if size not in self._static_host:
-            self._static_host[size] = set(self._static_prefix(static_size)[0].tolist())
+            self._static_host[size] = set(self.static_prefix(static_size)[0].tolist())
         return self._static_host[size]
 
     def _union_ids_on_device(self, selected: torch.Tensor) -> torch.Tensor:
@@ -231,48 +192,9 @@ class ShortlistHead:
         all T positions' clusters may hold (`router.within_union_limit`; "union" layout; None: no limit)."""
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
-        union_limit = self._union_limit(mode, layout, max_union_tokens)
-        if mode in CONTEXT_MODES and context is None:
-            raise ValueError(f"head_mode={mode!r} needs the step's context columns (`context_columns`).")
-        if mode == "context":
-            logits = self.transform(F.linear(features, context.weight).float())  # (T, C)
-            sizes = torch.full((logits.shape[0],), context.token_ids.numel(), device=self.device)
-            return HeadOutput(context.token_ids, logits, sizes)
-        if mode == "union":
-            if router_logits is None:
-                raise ValueError("head_mode='union' needs router logits.")
-            if layout == "lanes":
-                return self._lanes(features, router_logits, k, context)
-            return self._dynamic(features, select_clusters(router_logits, k, union_limit), context)
-        if mode == "trained":
-            if self.trained is None:
-                raise ValueError(
-                    "head_mode='trained' needs a drafter with its own trained head (an EAGLE-3 checkpoint's lm_head, "
-                    "loaded with `DynaSpecDrafter.from_pretrained(<checkpoint>)`); this drafter borrows the target's "
-                    "LM-head rows: use head_mode 'dynamic', 'static' or 'full'."
-                )
-            return self.trained(features)
-        if mode == "full":
-            logits = self.transform(F.linear(features, self.weight).float())  # (T, V)
-            ids = torch.arange(logits.shape[-1], device=self.device)
-            return HeadOutput(ids, logits, torch.full_like(ids[:1], ids.numel()).expand(logits.shape[0]))
-        if mode == "static":
-            if self.static_ids is None:
-                raise ValueError(
-                    "head_mode='static' needs a static shortlist: build the drafter with "
-                    "`static_token_ids=` (e.g. the most frequent tokens) or use head_mode='dynamic'."
-                )
-            ids, weight = self._static_prefix(static_size)
-            logits = self.transform(F.linear(features, weight).float())  # (T, S)
-            sizes = torch.full((logits.shape[0],), logits.shape[1], device=self.device)
-            return HeadOutput(ids, logits, sizes)
-        if mode == "dynamic":
-            if router_logits is None:
-                raise ValueError("head_mode='dynamic' needs router logits.")
-            if layout == "lanes":
-                return self._lanes(features, router_logits, k)
-            return self._dynamic(features, select_clusters(router_logits, k, union_limit))
-        raise ValueError(f"Unknown head_mode {mode!r}: choose one of {HEAD_MODES}.")
+        request = HeadRequest(router_logits, k, context, static_size, layout,
+                              self._union_limit(mode, layout, max_union_tokens))
+        return head_named(mode).logits(self, features, request)
 
     def use_cluster_gemm(self, gemm: ClusterGemm) -> None:
         """Score the "union" layout's clusters on a CPU with `gemm` (features (T, d), the union's clusters ascending)
@@ -287,13 +209,14 @@ class ShortlistHead:
         """(cluster sizes, max_union_tokens) for `select_clusters`; refused where no union of clusters is scored."""
         if max_union_tokens is None:
             return None
-        if mode not in ("dynamic", "union") or layout != "union":
+        if not head_named(mode).reads_router or layout != "union":
+            readers = " or ".join(repr(name) for name in head_modes() if head_named(name).reads_router)
             raise ValueError(f"max_union_tokens limits the union of the router's clusters: it needs head_mode "
-                             f"'dynamic' or 'union' with layout='union', got {mode!r} / {layout!r}.")
+                             f"{readers} with layout='union', got {mode!r} / {layout!r}.")
         check_max_union_tokens(max_union_tokens)
         return self.cluster_sizes, max_union_tokens
 
-    def _dynamic(
+    def clusters_union(
         self, features: torch.Tensor, selected: torch.Tensor, context: ContextColumns | None = None
     ) -> HeadOutput:
         # selected: (T, M) bool. The union U of selected clusters is computed once for all T positions, its
@@ -325,7 +248,7 @@ class ShortlistHead:
         logits = logits.masked_fill(~own, float("-inf"))
         return HeadOutput(torch.cat([token_ids, extra_ids]), logits, own.sum(dim=-1))
 
-    def _lanes(
+    def lanes(
         self, features: torch.Tensor, router_logits: torch.Tensor, k: int | list[int] | torch.Tensor,
         context: ContextColumns | None = None,
     ) -> HeadOutput:

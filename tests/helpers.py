@@ -28,7 +28,7 @@ from hf_dynaspec.generation import decoding, verifier
 from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
 from hf_dynaspec.generation.tree import Expand, Proposals, TreePool, VerifyTree, grow_tree, new_pool
 from hf_dynaspec.generation.verify import WalkResult
-from hf_dynaspec.generation_config import DraftSettings, resolve_draft_settings
+from hf_dynaspec.generation_config import DraftSettings, resolve_draft_settings, split_implementation
 from hf_dynaspec.targets import smollm2_gguf_dir
 
 POLICIES = ("eagle2", "dyspec", "chain")
@@ -78,8 +78,9 @@ def greedy(target, ids: torch.Tensor, **kwargs) -> torch.Tensor:
 
 
 def speculative(target, drafter: DynaSpecDrafter, ids: torch.Tensor, **kwargs) -> torch.Tensor:
-    """Greedy generate() with the DynaSpec drafter as assistant."""
-    return target.generate(ids, do_sample=False, assistant_model=drafter, **kwargs)
+    """Greedy generate() with the DynaSpec drafter as assistant; implementation settings may be given flat here
+    (`split_implementation` gathers them into `implementation=`)."""
+    return target.generate(ids, do_sample=False, assistant_model=drafter, **split_implementation(kwargs))
 
 
 class OracleCandidateGenerator(DynaSpecCandidateGenerator):

@@ -108,7 +108,7 @@ def test_method_variants_parse():
     assert methods == ["plain", "dynaspec[num_draft_nodes=8,tree_policy=dyspec]", "full"]
     assert method_settings(methods[1]) == {"head_mode": "dynamic", "num_draft_nodes": 8, "tree_policy": "dyspec"}
     assert method_settings("dynaspec[step_policy=off]")["step_policy"] == "off"
-    assert method_settings("dynaspec[count_host_reads=true]")["count_host_reads"] is True
+    assert method_settings("dynaspec[count_host_reads=true]")["implementation"] == {"count_host_reads": True}
 
 
 def test_bench_prompts_per_category(tmp_path):

@@ -14,12 +14,12 @@ from hf_dynaspec.generation.cache import crop_cache
 from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
 from hf_dynaspec.generation.syncs import HostSyncCounter
 from hf_dynaspec.generation.tree import TreePool, drive, growing, select_nodes
-from hf_dynaspec.generation_config import resolve_draft_settings
+from hf_dynaspec.generation_config import resolve_draft_settings, split_implementation
 
 
 def generator_after_prompt(target, drafter, ids=None, **settings):
     """A candidate generator that has read a prompt (as after the prefill)."""
-    config = drafter.generation_config.__class__(**settings)
+    config = drafter.generation_config.__class__(**split_implementation(settings))
     resolved = resolve_draft_settings(config, drafter.generation_config, drafter.config, "cpu")
     generator = DynaSpecCandidateGenerator(drafter.bind(target), resolved)
     ids = prompt(10) if ids is None else ids

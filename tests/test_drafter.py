@@ -104,7 +104,7 @@ def test_cuda_union_lays_out_the_columns_as_the_cpu_path(eos_drafter):
     features = torch.randn(3, head.weight.shape[1], generator=gen)
     for density in (0.0, 0.2, 0.5, 1.0):
         selected = torch.rand(3, clusters, generator=gen) < density  # (T, M)
-        cpu_ids = head._dynamic(features, selected).token_ids  # union columns, then the extra ids
+        cpu_ids = head.clusters_union(features, selected).token_ids  # union columns, then the extra ids
         device_ids = head._union_ids_on_device(selected)
         assert torch.equal(cpu_ids[: device_ids.numel()], device_ids)
         assert device_ids.numel() == cpu_ids.numel() - head.extra_ids.numel()

@@ -174,7 +174,8 @@ def test_graphed_draft_steps_draft_what_eager_steps_draft(emulated_graphs, monke
 def test_draft_graphs_setting_resolves_where_it_applies():
     drafter = tiny_drafter(tiny_target())
     resolve = lambda device, **fields: resolve_draft_settings(  # noqa: E731
-        generation_config.DynaSpecGenerationConfig(**fields), None, drafter.config, device).draft_graphs
+        generation_config.DynaSpecGenerationConfig(**generation_config.split_implementation(fields)), None,
+        drafter.config, device).draft_graphs
     assert resolve("cuda") == "on"  # CUDA's defaults: device growth, lanes
     assert resolve("cpu") == "off"
     assert resolve("cuda", head_mode="union") == "off" and resolve("cuda", tree_growth="host") == "off"

@@ -66,7 +66,7 @@ def test_rows_with_context_heads_do_not_draft_together():
         config = DynaSpecGenerationConfig(head_mode=head_mode)
         assert drafts_together(resolve_draft_settings(config, drafter.generation_config, drafter.config,
                                                       "cpu")) is expected
-    config = DynaSpecGenerationConfig(tree_growth="device")
+    config = DynaSpecGenerationConfig(implementation={"tree_growth": "device"})
     assert not drafts_together(resolve_draft_settings(config, drafter.generation_config, drafter.config, "cpu"))
 
 

@@ -74,7 +74,7 @@ def test_soft_capped_target_refuses_the_prefilter_layout():
 def test_greedy_output_is_plain_greedy_for_every_verify_head(target, drafter, verify_head):
     ids = prompt(7, seed=5)
     config = DynaSpecGenerationConfig(num_draft_nodes=10, draft_depth=4, draft_top_k=3, max_new_tokens=30,
-                                      do_sample=False, verify_head=verify_head)
+                                      do_sample=False, implementation={"verify_head": verify_head})
     out = target.generate(ids, generation_config=config, assistant_model=drafter)
     assert torch.equal(out, target.generate(ids, do_sample=False, max_new_tokens=30))
 
@@ -84,14 +84,14 @@ def test_prefilter_picks_are_made_without_logits(target, drafter, monkeypatch):
     from hf_dynaspec.generation import verify
 
     monkeypatch.setattr(verify.NodeLogits, "row", lambda self, node: pytest.fail("logits were computed"))
-    config = DynaSpecGenerationConfig(max_new_tokens=12, do_sample=False, verify_head="prefilter")
+    config = DynaSpecGenerationConfig(max_new_tokens=12, do_sample=False, implementation={"verify_head": "prefilter"})
     target.generate(prompt(6), generation_config=config, assistant_model=drafter)
 
 
 @pytest.mark.parametrize("kwargs", [dict(do_sample=True), dict(repetition_penalty=1.3),
                                     dict(return_dict_in_generate=True, output_scores=True)])
 def test_prefilter_needs_plain_greedy(target, drafter, kwargs):
-    config = DynaSpecGenerationConfig(max_new_tokens=4, verify_head="prefilter", **kwargs)
+    config = DynaSpecGenerationConfig(max_new_tokens=4, implementation={"verify_head": "prefilter"}, **kwargs)
     with pytest.raises(ValueError, match="greedy picks only"):
         target.generate(prompt(5), generation_config=config, assistant_model=drafter)
 

@@ -49,7 +49,7 @@ def test_sampling_matches_target_distribution(temperature, top_p, lookup, prompt
         tree_policy="eagle2", draft_depth=2, draft_top_k=3, num_draft_nodes=6, head_mode="full",
         do_sample=True, temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=3,
         return_dict_in_generate=True, lookup_num_tokens=lookup, step_policy=step_policy,
-        verify_head="rows",  # one layout: "auto" may pick another by timing, and its ulps apart draw other samples
+        implementation={"verify_head": "rows"},  # one layout: "auto" may pick another by timing (ulps apart: other samples)
     )
     torch.manual_seed(1234)
     counts2, counts3 = torch.zeros(VOCAB), torch.zeros(VOCAB)

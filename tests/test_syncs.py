@@ -10,6 +10,7 @@ from helpers import greedy, prompt, tiny_drafter
 from hf_dynaspec import DynaSpecGenerationConfig
 from hf_dynaspec.generation import decoding, syncs
 from hf_dynaspec.generation.syncs import HostSyncCounter, wall_seconds
+from hf_dynaspec.generation_config import split_implementation
 
 
 def test_counter_sees_every_kind_of_host_read():
@@ -61,7 +62,7 @@ def test_syncs_per_step_do_not_grow_with_the_tree(target, monkeypatch, head_mode
 
 
 def counted_run(target, drafter, **settings):
-    settings = {"count_host_reads": True, **settings}
+    settings = split_implementation({"count_host_reads": True, **settings})
     config = DynaSpecGenerationConfig(max_new_tokens=30, do_sample=False, return_dict_in_generate=True, **settings)
     return target.generate(prompt(8), generation_config=config, assistant_model=drafter)
 

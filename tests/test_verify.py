@@ -65,7 +65,7 @@ def test_both_logit_paths_are_exact(target, drafter, walk_logits, layout, monkey
     config = DynaSpecGenerationConfig(tree_policy="eagle2", num_draft_nodes=10, draft_depth=4, draft_top_k=3,
                                       max_new_tokens=30, do_sample=False, return_dict_in_generate=True,
                                       step_policy="off",  # every step verifies a drafted tree
-                                      verify_head=layout if walk_logits else "auto")  # auto: full logits
+                                      implementation={"verify_head": layout if walk_logits else "auto"})  # auto: full
     out = target.generate(ids, generation_config=config, assistant_model=drafter)
     assert torch.equal(out.sequences, target.generate(ids, do_sample=False, max_new_tokens=30))
     stats = out.speculative_stats

@@ -70,5 +70,5 @@ def test_a_batch_in_each_layout_is_plain_batched_greedy(target, drafter, verify_
     """A batch applies the head once over every row's gathered walk rows, then splits them per row."""
     ids = torch.cat([prompt(7, seed=8), prompt(7, seed=9)])  # (2, 7)
     kwargs = dict(max_new_tokens=16, do_sample=False, pad_token_id=0)
-    out = target.generate(ids, assistant_model=drafter, verify_head=verify_head, **kwargs)
+    out = target.generate(ids, assistant_model=drafter, implementation={"verify_head": verify_head}, **kwargs)
     assert torch.equal(out, target.generate(ids, **kwargs))

@@ -1,12 +1,18 @@
 """Tree speculative decoding inside transformers' generate(): config, tree, verification, loop, hook."""
 
-from ..generation_config import DraftSettings, DynaSpecGenerationConfig, resolve_draft_settings
+from ..generation_config import (
+    DraftSettings,
+    DynaSpecGenerationConfig,
+    ImplementationConfig,
+    resolve_draft_settings,
+)
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
 
 __all__ = [
     "DraftSettings",
     "DynaSpecGenerateOutput",
     "DynaSpecGenerationConfig",
+    "ImplementationConfig",
     "SpeculativeStats",
     "resolve_draft_settings",
 ]

@@ -35,7 +35,8 @@ from transformers.cache_utils import Cache, StaticLayer
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from ..generation_config import DraftSettings, resolve_draft_settings
-from ..head import CONTEXT_MODES, ContextColumns, HeadOutput
+from ..head import ContextColumns, HeadOutput
+from ..head_modes import head_named
 from ..masks import additive_mask, causal_mask
 from . import graphs as step_graphs
 from .cache import crop_cache
@@ -169,7 +170,7 @@ class DynaSpecCandidateGenerator(CandidateGenerator):
         "union" heads read them; else they are read from next_tokens)."""
         with self.stats.timer("extend", self.device):
             crop_cache(self.cache, self.committed)
-            if self.settings.head_mode in CONTEXT_MODES:
+            if head_named(self.settings.head_mode).reads_context:
                 self.context_tokens.update(next_tokens.tolist() if token_list is None else token_list)
                 self.context = self.drafter.bound_head.context_columns(self.context_tokens, self.settings.head_mode,
                                                                        self.settings.static_size)

@@ -39,7 +39,13 @@ from transformers.generation.utils import GenerationMixin, GenerationMode
 from transformers.pipelines import base as pipelines_base
 
 from ..assisted_settings import USER_SET, apply_assisted_settings, user_set_fields
-from ..generation_config import REMOVED_FIELDS, SPEC_FIELDS, speculative_fields_of
+from ..generation_config import (
+    IMPLEMENTATION_FIELDS,
+    REMOVED_FIELDS,
+    SPEC_FIELDS,
+    implementation_dict,
+    speculative_fields_of,
+)
 from ..modeling import DynaSpecDrafter, names_a_drafter
 from .decoding import speculative_decode
 
@@ -165,9 +171,11 @@ def _wrap_prepare_generation_config(original):
         user_set = user_set_fields(generation_config, self.generation_config, kwargs)
         config, model_kwargs = original(self, generation_config, *args, **kwargs)
         setattr(config, USER_SET, sorted(user_set))
-        for name in (*SPEC_FIELDS, *REMOVED_FIELDS):  # a removed one is refused by name, not as a model kwarg
+        for name in (*SPEC_FIELDS, *IMPLEMENTATION_FIELDS, *REMOVED_FIELDS):  # a removed one is refused by name
             if name in model_kwargs:
                 setattr(config, name, model_kwargs.pop(name))
+        if getattr(config, "implementation", None) is not None:  # kept as a dict: the config stays serialisable
+            config.implementation = implementation_dict(config.implementation)
         return config, model_kwargs
 
     setattr(_prepare_generation_config, _MARK, original)

@@ -30,7 +30,8 @@ import torch
 from transformers import DynamicCache
 
 from ..generation_config import DraftSettings
-from ..head import CONTEXT_MODES, HeadOutput
+from ..head import HeadOutput
+from ..head_modes import head_named
 from ..masks import additive_mask
 from .cache import crop_cache
 from .candidates import DynaSpecCandidateGenerator, RootProposal
@@ -40,7 +41,7 @@ from .tree import Proposals, TreePool, VerifyTree, grow_together, growing, new_p
 def drafts_together(settings: DraftSettings) -> bool:
     """Whether rows with these settings draft in lockstep (module docstring)."""
     return (settings.tree_growth == "host" and settings.draft_graphs != "on"
-            and settings.head_mode not in CONTEXT_MODES)
+            and not head_named(settings.head_mode).reads_context)
 
 
 def draft_together(generators: Sequence[DynaSpecCandidateGenerator], committed: Sequence[list[int]],
