@@ -332,7 +332,7 @@ def significance_mark(summary: Summary, against: str) -> str:
 def head_key(method: str, category: str, head_mode: str | None = None) -> tuple | None:
     """(category, settings with `head_mode` replaced): methods differing only in their head share a key."""
     settings = method_settings(method)
-    if settings is None:
+    if settings is None or "head_mode" not in settings:  # plain, transformers' methods, the drafter's defaults
         return None
     return category, tuple(sorted({**settings, "head_mode": head_mode or settings["head_mode"]}.items()))
 
