@@ -24,7 +24,8 @@ env: $(VENV)/.installed
 # the generated blocks of README.md, docs/ and the drafters' cards, from the code and the committed results
 HEADLINE ?= benchmarks/results/cpu-headline-amd
 docs: $(VENV)/.installed
-	$(BIN)/python -c "from hf_dynaspec.assisted_settings import write_settings_doc; write_settings_doc('docs/settings.md')"
+	$(BIN)/python -c "from hf_dynaspec.assisted_settings import settings_markdown as t; from hf_dynaspec.bench \
+	  import write_doc_block as w; w('docs/settings.md', 'assisted-settings', t())"
 	$(BIN)/python benchmarks/headline.py --analyse-only --out $(HEADLINE)
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)

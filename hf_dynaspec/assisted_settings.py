@@ -22,7 +22,6 @@ import inspect
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from transformers import GenerationConfig
@@ -224,11 +223,3 @@ def settings_markdown(table: dict[str, Setting] = SETTINGS, arguments: dict[str,
             what = f"sets `{setting.maps_to}`" if setting.maps_to else setting.treatment
             rows.append(f"| `{name}` ({kind}) | {what} | {setting.meaning} |")
     return "\n".join(rows)
-
-
-def write_settings_doc(path: str | Path) -> Path:
-    """Regenerate the table in docs/settings.md (`make docs`)."""
-    from .bench import write_doc_block
-
-    write_doc_block(path, "assisted-settings", settings_markdown())
-    return Path(path)

@@ -137,7 +137,8 @@ def _add_init_command(sub) -> None:
 def _add_generate_command(sub) -> None:
     gen = sub.add_parser("generate", help="generate with plain greedy and with DynaSpec, compare")
     _add_decoding_target(gen)
-    gen.add_argument("--drafter", required=True, help="drafter folder or Hub id")
+    gen.add_argument("--drafter", default=None,
+                     help="drafter folder or Hub id (default: the drafter shipped for --target: smollm2, gemma3)")
     gen.add_argument("--prompt", action="append", required=True, help="may be given several times")
     gen.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
     gen.add_argument("--no-chat-template", action="store_true", help="encode the prompt as plain text")
@@ -680,7 +681,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    target, tokenizer, drafter = load_models(args, args.drafter)
+    target, tokenizer, drafter = load_models(args, args.drafter or shipped_drafter(args.target))
     fields = {name: getattr(args, name) for name in SPEC_FIELDS if getattr(args, name, None) is not None}
     implementation = {name: getattr(args, name) for name in IMPLEMENTATION_FIELDS
                       if getattr(args, name, None) is not None}
