@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
-from hf_dynaspec.generation.cache import crop_cache
-from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
-from hf_dynaspec.generation.syncs import HostSyncCounter
+from hf_dynaspec.generation.drafting.candidates import DynaSpecCandidateGenerator
+from hf_dynaspec.generation.loop.syncs import HostSyncCounter
+from hf_dynaspec.generation.verification.cache import crop_cache
 from hf_dynaspec.generation_config import resolve_draft_settings
 from hf_dynaspec.machine import machine_description
 from hf_dynaspec.targets import encode_formatted, load_target

@@ -1,4 +1,4 @@
-"""What reading grouped key / value heads in place saves a CPU verification (`generation/grouped_attention.py`).
+"""What reading grouped key / value heads in place saves a CPU verification (`generation/verification/grouped_attention.py`).
 
 Times the verifier's forward (`calibration.time_forward`: a chain of n nodes after `context` cached tokens, the walk
 rows' logits included) with the target's attention as the verifier runs it (grouped heads read in place) and as
@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a so
 
 from results_io import save_results  # noqa: E402
 
-from hf_dynaspec.generation import verifier  # noqa: E402
-from hf_dynaspec.generation.calibration import time_forward  # noqa: E402
+from hf_dynaspec.generation.planning.calibration import time_forward  # noqa: E402
+from hf_dynaspec.generation.verification import verifier  # noqa: E402
 from hf_dynaspec.machine import machine_description  # noqa: E402
 from hf_dynaspec.targets import load_target  # noqa: E402
 

@@ -150,7 +150,7 @@ HEADER = (
 def target_head_and_step(name: str, args: argparse.Namespace) -> tuple[torch.Tensor, float]:
     """(the target's LM head weight (V, d), median ms of one plain decoding step: one token after 128 of
     context with its KV cache, the full-vocabulary head included), both from the real target."""
-    from hf_dynaspec.generation.cache import crop_cache
+    from hf_dynaspec.generation.verification.cache import crop_cache
     from hf_dynaspec.targets import load_target
 
     target, _ = load_target(name)

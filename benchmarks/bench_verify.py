@@ -3,7 +3,7 @@
 Speculative decoding pays one target forward over the root + n - 1 draft nodes per step; on CPU its cost is
 not flat in n, so the best tree size depends on where it bends. Prints ms per forward and the ratio to n = 1
 with logits for all n tokens, with logits for the first 3 only (as CPU verification runs: the likeliest walk's
-rows in the pass, the LM head applied on demand to other nodes the walk visits, `generation.verify`), and
+rows in the pass, the LM head applied on demand to other nodes the walk visits, `generation.verification.verify`), and
 with all logits for the weights re-laid by `hf_dynaspec.prepare_for_cpu` (each number: the median of
 `--repeats` runs, the cache cropped back after each run). With --out, writes results.json / results.md there;
 with --doc, the table into that markdown file's `verify-cost-<target>` block (docs quote it only through that block).
@@ -29,7 +29,7 @@ from results_io import save_results  # noqa: E402
 
 from hf_dynaspec.bench import write_doc_block  # noqa: E402
 from hf_dynaspec.cpu import prepare_for_cpu  # noqa: E402
-from hf_dynaspec.generation.calibration import measure_walk_head, time_forward  # noqa: E402
+from hf_dynaspec.generation.planning.calibration import measure_walk_head, time_forward  # noqa: E402
 from hf_dynaspec.machine import machine_description  # noqa: E402
 from hf_dynaspec.targets import load_target  # noqa: E402
 

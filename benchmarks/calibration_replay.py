@@ -34,7 +34,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import save_results  # noqa: E402
 
-from hf_dynaspec.generation.policy import (  # noqa: E402
+from hf_dynaspec.generation.planning.policy import (  # noqa: E402
     CALIBRATION_DECAY,
     CARRY_WEIGHT,
     LOOKUP_PRIOR_WEIGHT,
@@ -54,7 +54,7 @@ def log_runs(args: argparse.Namespace, path: Path) -> None:
 
     from hf_dynaspec import DynaSpecDrafter
     from hf_dynaspec.bench_prompts import load_bench_prompts
-    from hf_dynaspec.generation import policy
+    from hf_dynaspec.generation.planning import policy
     from hf_dynaspec.targets import encode_formatted, load_target
 
     prompts = load_bench_prompts(None if args.log == "spec-bench" else args.log, limit=args.limit)

@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hf_dynaspec.generation.policy import VerifyCosts  # noqa: E402
-from hf_dynaspec.generation.stats import SpeculativeStats  # noqa: E402
+from hf_dynaspec.generation.loop.stats import SpeculativeStats  # noqa: E402
+from hf_dynaspec.generation.planning.policy import VerifyCosts  # noqa: E402
 from hf_dynaspec.generation_config import TREE_FIELDS  # noqa: E402
 
 if TYPE_CHECKING:

@@ -23,9 +23,9 @@ from transformers import DynamicCache
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
 from hf_dynaspec.bench import write_doc_block
 from hf_dynaspec.bench_prompts import load_bench_prompts
-from hf_dynaspec.generation.cache import crop_cache
-from hf_dynaspec.generation.calibration import measure_walk_head, time_forward
-from hf_dynaspec.generation.walk_head import LAYOUTS
+from hf_dynaspec.generation.planning.calibration import measure_walk_head, time_forward
+from hf_dynaspec.generation.verification.cache import crop_cache
+from hf_dynaspec.generation.verification.walk_head import LAYOUTS
 from hf_dynaspec.machine import machine_description
 from hf_dynaspec.targets import load_target
 
@@ -157,7 +157,7 @@ def markdown(results: dict) -> str:
         walk = c["walk_head"]
         rows = range(1, len(next(iter(walk["ms"].values()))) + 1)
         lines += ["", f"Target LM head on the greedy verification walk, ms per call of r rows (prefilter: picks "
-                  f"only, `generation/prefilter.py`; chosen here: "
+                  f"only, `generation/verification/prefilter.py`; chosen here: "
                   f"{walk['layout']} layout, {walk['rows']} rows at once):", "",
                   "| layout | " + " | ".join(f"r = {r}" for r in rows) + " |", "|---|" + "---|" * len(rows),
                   *(f"| {layout} | " + " | ".join(f"{v:.1f}" for v in ms) + " |" for layout, ms in walk["ms"].items())]

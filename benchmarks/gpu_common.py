@@ -37,9 +37,9 @@ try:
     from hf_dynaspec import DynaSpecConfig, DynaSpecDrafter, DynaSpecGenerationConfig  # noqa: F401
     from hf_dynaspec import modeling as dynaspec_modeling  # noqa: F401
     from hf_dynaspec.clustering import VocabClusters  # noqa: F401
-    from hf_dynaspec.generation import decoding  # noqa: F401
-    from hf_dynaspec.generation.cache import crop_cache  # noqa: F401
-    from hf_dynaspec.generation.syncs import HostSyncCounter  # noqa: F401
+    from hf_dynaspec.generation.loop import decoding  # noqa: F401
+    from hf_dynaspec.generation.loop.syncs import HostSyncCounter  # noqa: F401
+    from hf_dynaspec.generation.verification.cache import crop_cache  # noqa: F401
     from hf_dynaspec.masks import target_masks  # noqa: F401
 
     PACKAGE_ERROR: str | None = None

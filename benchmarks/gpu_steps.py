@@ -4,7 +4,7 @@ The step is `DynaSpecCandidateGenerator.draft_step` (drafter layer with the rout
 top-k children) on a drafter cache of `drafter_context` committed positions, for F frontier nodes, with the
 "dynamic" head in the "lanes" layout, the "static" head of the same size and the "full" head, at the SmolLM2,
 Llama-3.1-8B and Gemma 3 270M shapes. "eager" runs it kernel by kernel; "graphed" replays its CUDA graph
-(`generation.graphs`, `draft_graphs="on"`: static drafter cache, inputs copied in, outputs cloned). A capture
+(`generation.drafting.graphs`, `draft_graphs="on"`: static drafter cache, inputs copied in, outputs cloned). A capture
 that fails is recorded with its reason and the row keeps its eager time only. Off CUDA the graphed column runs
 `ReplayEmulation` (a smoke check of the code path: its times mean nothing). Each row also says whether the
 graphed step proposed the same children as the eager one (same committed pairs and frontier).
@@ -32,8 +32,8 @@ def step_generator(ctx: Context, drafter: Any, mode: str, graphed: bool) -> Any:
     """A generator on `drafter` for one head mode, its cache filled with `drafter_context` random committed pairs,
     graphs on or off."""
     from hf_dynaspec import DynaSpecGenerationConfig
-    from hf_dynaspec.generation import graphs
-    from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
+    from hf_dynaspec.generation.drafting import graphs
+    from hf_dynaspec.generation.drafting.candidates import DynaSpecCandidateGenerator
     from hf_dynaspec.generation_config import resolve_draft_settings
 
     head_mode, _ = head_mode_and_layout(mode)
@@ -68,7 +68,7 @@ def step_inputs(generator: Any, positions: int) -> tuple[torch.Tensor, ...]:
 
 def run_once(generator: Any, inputs: tuple[torch.Tensor, ...], budget: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The step's children (F, k) and their log q, the drafter cache put back after."""
-    from hf_dynaspec.generation.cache import crop_cache
+    from hf_dynaspec.generation.verification.cache import crop_cache
 
     _, _, (children, log_q) = generator._run_step(*inputs, budget)
     crop_cache(generator.cache, generator.committed)
@@ -78,7 +78,7 @@ def run_once(generator: Any, inputs: tuple[torch.Tensor, ...], budget: int) -> t
 def step_row(ctx: Context, eager: Any, graphed: Any, positions: int, budget: int) -> dict[str, Any]:
     """Eager and graphed times of one step shape, and whether both propose the same children (same seed: the
     same committed pairs and frontier)."""
-    from hf_dynaspec.generation.cache import crop_cache
+    from hf_dynaspec.generation.verification.cache import crop_cache
 
     inputs = {}
     for name, generator in (("eager", eager), ("graphed", graphed)):

@@ -30,7 +30,8 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig  # noqa: E402
 from hf_dynaspec.bench_prompts import load_bench_prompts, round_robin  # noqa: E402
-from hf_dynaspec.generation import decoding, policy, step_arms  # noqa: E402
+from hf_dynaspec.generation.loop import decoding  # noqa: E402
+from hf_dynaspec.generation.planning import policy, step_arms  # noqa: E402
 from hf_dynaspec.machine import machine_description  # noqa: E402
 from hf_dynaspec.targets import encode_formatted, load_target  # noqa: E402
 

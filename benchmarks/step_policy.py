@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a so
 from results_io import save_results  # noqa: E402
 
 from hf_dynaspec.bench import Record, earlier_meta, read_records, write_doc_block  # noqa: E402
-from hf_dynaspec.generation.stats import SpeculativeStats  # noqa: E402
+from hf_dynaspec.generation.loop.stats import SpeculativeStats  # noqa: E402
 
 SLOW = 0.95  # a prompt below this speedup over plain is "slower than plain"
 ROUNDS = 3

@@ -1,4 +1,4 @@
-"""How many tokens does greedy verification's bf16 prefilter (`hf_dynaspec/generation/prefilter.py`, the maths
+"""How many tokens does greedy verification's bf16 prefilter (`hf_dynaspec/generation/verification/prefilter.py`, the maths
 there) leave to rescore on a real target's answer positions, and is its pick always the fp32 argmax?
 
 It measures, on answer positions of stored features (`hf-dynaspec features`: their `hidden` is the target's
@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import save_results  # noqa: E402
 
-from hf_dynaspec.generation.prefilter import BOUND_FACTOR, Prefilter, bounds  # noqa: E402
+from hf_dynaspec.generation.verification.prefilter import BOUND_FACTOR, Prefilter, bounds  # noqa: E402
 from hf_dynaspec.machine import machine_description  # noqa: E402
 from hf_dynaspec.targets import load_target  # noqa: E402
 from hf_dynaspec.training.data import load_dataset  # noqa: E402
@@ -81,7 +81,7 @@ def report(result: dict) -> str:
     m = result["candidates"]
     lines = [f"bf16 prefilter of the {result['meta']['target']} head ({result['meta']['vocab']:,} x "
              f"{result['meta']['hidden']}), {m['positions']:,} answer positions of `{result['meta']['features']}`, "
-             f"bound {BOUND_FACTOR} u ||h|| ||w|| (`hf_dynaspec/generation/prefilter.py`), on {result['meta']['machine']}. "
+             f"bound {BOUND_FACTOR} u ||h|| ||w|| (`hf_dynaspec/generation/verification/prefilter.py`), on {result['meta']['machine']}. "
              "`python benchmarks/verify_prefilter.py`", "",
              "| candidates per position: mean | median | p90 | p99 | max | fp32 argmax among them | "
              "prefilter argmax = fp32 argmax | largest error / bound |", "|---|---|---|---|---|---|---|---|",

@@ -14,9 +14,9 @@ from .generation import (
     ImplementationConfig,
     SpeculativeStats,
 )
-from .generation.calibration import measure_verify_costs
-from .generation.candidates import DynaSpecCandidateGenerator
-from .generation.hook import install as _install_generate_hook
+from .generation.drafting.candidates import DynaSpecCandidateGenerator
+from .generation.loop.hook import install as _install_generate_hook
+from .generation.planning.calibration import measure_verify_costs
 from .modeling import DrafterOutput, DynaSpecDrafter
 from .ops import gathered_lm_head
 

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from .bench_prompts import round_robin
 from .evaluation import load as load_evaluation
-from .generation.stats import SpeculativeStats
+from .generation.loop.stats import SpeculativeStats
 from .generation_config import DynaSpecGenerationConfig, split_implementation
 from .machine import machine_description
 from .targets import encode_formatted

@@ -35,8 +35,8 @@ from .bench_prompts import load_bench_prompts
 from .checkpoints import open_eagle3
 from .configuration import ARCHITECTURES, eagle3_layer_ids
 from .cpu import is_prepared_for_cpu, prepare_for_cpu
-from .generation import measured
-from .generation.calibration import measured_walk_heads
+from .generation.planning import measured
+from .generation.planning.calibration import measured_walk_heads
 from .generation_config import (
     IMPLEMENTATION_FIELDS,
     SPEC_FIELDS,
@@ -480,7 +480,7 @@ def compare(target, tokenizer, drafter, prompts: Sequence[str], config: DynaSpec
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """A short greedy and a short sampled generate() with HF_DYNASPEC_MEASURE=fresh: every measurement those calls
     use (the walk head's layouts, c(n) for the drafter's tree sizes) is timed in full and stored for later
-    processes (`hf_dynaspec.generation.measured`)."""
+    processes (`hf_dynaspec.generation.planning.measured`)."""
     if args.threads:
         torch.set_num_threads(args.threads)
     target, tokenizer, drafter = load_models(args, args.drafter or shipped_drafter(args.target))

@@ -50,7 +50,7 @@ SPEC_FIELDS = (
 )
 # The fields that size the draft tree: what `device_trees` may set per device type.
 TREE_FIELDS = ("tree_policy", "num_draft_nodes", "draft_depth", "draft_top_k", "min_draft_prob", "step_policy")
-# Settings the step policy replaced (`generation.policy`): their inert values load (older generation_config.json
+# Settings the step policy replaced (`generation.planning.policy`): their inert values load (older generation_config.json
 # files carry them); any other value is refused with what to use instead.
 REMOVED_FIELDS = {"verify_costs": ("off",), "draft_gate": (False,)}
 STEP_POLICIES = ("auto", "off")
@@ -65,7 +65,7 @@ SHORTLIST_LAYOUTS = ("auto", *LAYOUTS)
 TREE_GROWTHS = ("auto", "host", "device")
 DRAFT_GRAPHS = ("auto", "on", "off")
 VERIFY_HEADS = ("auto", "full", "rows", "columns", "prefilter")  # "auto" and the walk layouts are CPU paths
-GRAPH_DEVICE_TYPES = ("cuda",)  # where draft steps can be captured as graphs (`generation.graphs`)
+GRAPH_DEVICE_TYPES = ("cuda",)  # where draft steps can be captured as graphs (`generation.drafting.graphs`)
 # Per device type, over DEFAULT_SETTINGS: the tree with the best modelled speed from measured GPU costs and
 # measured acceptance (`python benchmarks/device_tree.py`, results in benchmarks/results/cuda-default-tree).
 DEFAULT_DEVICE_TREES: dict[str, dict[str, Any]] = {
@@ -144,7 +144,7 @@ class DynaSpecGenerationConfig(GenerationConfig):
         step_policy (`str`): "auto" (before each step, choose the tree that maximises expected tokens per
             second from the target's measured verification costs, the drafter's measured costs and acceptance
             estimates calibrated on this sequence: a drafted tree of some depth trimmed to what its verification
-            pays for, the lookup branch alone, or a plain step; `generation.policy`) or "off" (the whole
+            pays for, the lookup branch alone, or a plain step; `generation.planning.policy`) or "off" (the whole
             configured tree every step).
         static_size (`int`, *optional*): "static" head: use only the N most frequent tokens of the drafter's
             frequency-ranked static shortlist (None: all of it), e.g. to compare shortlist sizes in one run;
@@ -162,18 +162,18 @@ class DynaSpecGenerationConfig(GenerationConfig):
                 compiled steps) or "auto" ("lanes" on CUDA, "union" elsewhere). Same drafts either way.
             tree_growth (`str`): where the "eagle2" and "chain" trees grow: "host" (each expansion's proposals read
                 on the host to pick the next: one host read per draft depth), "device" (fixed-shape tensor ops, the
-                tree read once; `generation.tree`, a pool without host columns) or "auto" ("device" on CUDA, "host"
+                tree read once; `generation.drafting.tree`, a pool without host columns) or "auto" ("device" on CUDA, "host"
                 elsewhere). Same trees.
                 "dyspec" trees always grow on the host.
             draft_graphs (`str`): run each draft step of device-grown trees as a captured CUDA graph, one per step
-                shape (`generation.graphs`; a capture that fails runs eagerly, with the reason logged): "on", "off"
+                shape (`generation.drafting.graphs`; a capture that fails runs eagerly, with the reason logged): "on", "off"
                 or "auto" ("on" where it applies: CUDA, `tree_growth="device"`, an "eagle2" or "chain" tree, head
                 "dynamic" with the "lanes" layout, "static" or "full"). Same drafts either way.
             verify_head (`str`): how verification applies the target's LM head: "full" (every node's logits in the
                 verification pass), "rows" / "columns" (only along the walk, the rows the walk reaches, in the
                 head's own or a transposed layout), "prefilter" (greedy without logits processors or kept scores
                 only: each walk row's exact argmax from a bf16 copy of the head and an fp32 rescoring of the tokens
-                its error bound leaves, `generation.prefilter`) or "auto" (on CPU the fastest here of those the
+                its error bound leaves, `generation.verification.prefilter`) or "auto" (on CPU the fastest here of those the
                 call can use, learned from the call's own verifications; "full" elsewhere). Same output either way.
             count_host_reads (`bool`): count the reads of device values on the host in each decoding step (each is a
                 GPU synchronisation), ours and the target forward's apart, into `speculative_stats` (slows decoding:

@@ -46,10 +46,10 @@ def drafter(target):
 @pytest.fixture(autouse=True)
 def fresh_policies():
     """Each test's generate() calls start from the step policy's priors and a fresh layout learner, not from what
-    another test's calls taught them (`hf_dynaspec.generation.learned`, `calibration.forget_learners`), so no test
+    another test's calls taught them (`hf_dynaspec.generation.planning.learned`, `calibration.forget_learners`), so no test
     depends on the order tests run in."""
-    from hf_dynaspec.generation.calibration import forget_learners
-    from hf_dynaspec.generation.learned import forget_policies
+    from hf_dynaspec.generation.planning.calibration import forget_learners
+    from hf_dynaspec.generation.planning.learned import forget_policies
 
     forget_policies()
     forget_learners()

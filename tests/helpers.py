@@ -24,10 +24,11 @@ from transformers.generation.logits_process import LogitsProcessorList
 
 import hf_dynaspec  # noqa: F401  (installs the generate() hook)
 from hf_dynaspec import DynaSpecConfig, DynaSpecDrafter, DynaSpecGenerationConfig
-from hf_dynaspec.generation import decoding, verifier
-from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
-from hf_dynaspec.generation.tree import Expand, Proposals, TreePool, VerifyTree, grow_tree, new_pool
-from hf_dynaspec.generation.verify import WalkResult
+from hf_dynaspec.generation.drafting.candidates import DynaSpecCandidateGenerator
+from hf_dynaspec.generation.drafting.tree import Expand, Proposals, TreePool, VerifyTree, grow_tree, new_pool
+from hf_dynaspec.generation.loop import decoding
+from hf_dynaspec.generation.verification import verifier
+from hf_dynaspec.generation.verification.verify import WalkResult
 from hf_dynaspec.generation_config import DraftSettings, resolve_draft_settings, split_implementation
 from hf_dynaspec.targets import smollm2_gguf_dir
 

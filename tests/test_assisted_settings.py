@@ -14,7 +14,7 @@ from transformers import GenerationConfig
 
 from hf_dynaspec import assisted_settings
 from hf_dynaspec.assisted_settings import SETTINGS, assisted_path_fields, settings_markdown, undecided
-from hf_dynaspec.generation import decoding
+from hf_dynaspec.generation.loop import decoding
 
 # what a transformers user would pass, per refused setting (values that ask for something)
 REFUSED_VALUES = {

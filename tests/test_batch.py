@@ -17,7 +17,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 
 from hf_dynaspec import DynaSpecGenerationConfig
-from hf_dynaspec.generation.cache import KeyLayout, keep_paths
+from hf_dynaspec.generation.verification.cache import KeyLayout, keep_paths
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

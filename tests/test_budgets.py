@@ -9,7 +9,7 @@ import sys
 from helpers import REPO, load_script
 
 from hf_dynaspec.bench import read_records
-from hf_dynaspec.generation.stats import SpeculativeStats
+from hf_dynaspec.generation.loop.stats import SpeculativeStats
 
 budgets = load_script(REPO / "recipes/gemma3/budgets.py", "budgets")
 

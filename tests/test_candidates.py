@@ -27,7 +27,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.utils import GenerationMixin
 
 from hf_dynaspec import DynaSpecCandidateGenerator, DynaSpecGenerationConfig
-from hf_dynaspec.generation import hook
+from hf_dynaspec.generation.loop import hook
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

@@ -177,7 +177,7 @@ def test_bench_keeps_the_median_of_repeats(monkeypatch):
 
 def test_headline_table_compares_a_method_with_its_head_twins():
     from hf_dynaspec.bench import Record, headline_table, summarize
-    from hf_dynaspec.generation.stats import SpeculativeStats
+    from hf_dynaspec.generation.loop.stats import SpeculativeStats
 
     def rec(method, category, seconds, steps, accepted, lookup=0):
         stats = SpeculativeStats(steps=steps, accepted_tokens=accepted, shortlist_total=30, shortlist_positions=10,
@@ -288,7 +288,7 @@ def test_head_target_top_without_head_vocab_is_refused(tmp_path, capsys):
 def test_calibrate_measures_in_full_and_stores(tmp_path, monkeypatch, capsys):
     """`calibrate` times the walk head's layouts and c(n) in full (fresh) and stores them; the caller's
     HF_DYNASPEC_MEASURE is restored afterwards."""
-    from hf_dynaspec.generation import calibration, measured
+    from hf_dynaspec.generation.planning import calibration, measured
 
     monkeypatch.setenv("HF_DYNASPEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv(measured.ENV, "disk")

@@ -1,4 +1,4 @@
-"""EAGLE-2 growth on the device (generation/tree.py on a pool without host columns: fixed-shape tensor ops): the same
+"""EAGLE-2 growth on the device (generation/drafting/tree.py on a pool without host columns: fixed-shape tensor ops): the same
 trees as on the host, no host read until the tree is read once, and greedy speculative output equal to greedy.
 
     python -m pytest tests/test_device_growth.py -q
@@ -10,10 +10,10 @@ import pytest
 import torch
 from helpers import draft_settings, greedy, prompt, speculative, tiny_drafter, tiny_target
 
-from hf_dynaspec.generation.cache import crop_cache
-from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
-from hf_dynaspec.generation.syncs import HostSyncCounter
-from hf_dynaspec.generation.tree import TreePool, drive, growing, select_nodes
+from hf_dynaspec.generation.drafting.candidates import DynaSpecCandidateGenerator
+from hf_dynaspec.generation.drafting.tree import TreePool, drive, growing, select_nodes
+from hf_dynaspec.generation.loop.syncs import HostSyncCounter
+from hf_dynaspec.generation.verification.cache import crop_cache
 from hf_dynaspec.generation_config import resolve_draft_settings, split_implementation
 
 

@@ -14,7 +14,7 @@ from scipy.stats import binom
 from hf_dynaspec import quality
 from hf_dynaspec.bench import Record, headline_table, summarize
 from hf_dynaspec.evaluation import MODULES, load
-from hf_dynaspec.generation.stats import SpeculativeStats
+from hf_dynaspec.generation.loop.stats import SpeculativeStats
 
 
 @pytest.fixture(autouse=True)

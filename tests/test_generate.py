@@ -7,7 +7,7 @@ import torch
 from helpers import OracleCandidateGenerator, greedy, prompt, speculative, tiny_drafter, tiny_target
 
 from hf_dynaspec import DynaSpecGenerationConfig
-from hf_dynaspec.generation import decoding
+from hf_dynaspec.generation.loop import decoding
 
 
 @pytest.mark.parametrize("policy", ["eagle2", "dyspec", "chain"])

@@ -1,4 +1,4 @@
-"""Draft steps as captured graphs (`generation.graphs`): the buffer discipline, the fallback, the settings, and
+"""Draft steps as captured graphs (`generation.drafting.graphs`): the buffer discipline, the fallback, the settings, and
 speculative == greedy with every draft step replayed from its graph (CUDA-graph semantics emulated on the CPU;
 the real capture runs where CUDA is)."""
 
@@ -12,9 +12,9 @@ from helpers import greedy, prompt, speculative, tiny_drafter, tiny_target
 from transformers.cache_utils import Cache, StaticLayer
 
 from hf_dynaspec import generation_config
-from hf_dynaspec.generation import graphs
-from hf_dynaspec.generation.cache import crop_cache
-from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
+from hf_dynaspec.generation.drafting import graphs
+from hf_dynaspec.generation.drafting.candidates import DynaSpecCandidateGenerator
+from hf_dynaspec.generation.verification.cache import crop_cache
 from hf_dynaspec.generation_config import resolve_draft_settings
 
 

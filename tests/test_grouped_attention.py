@@ -13,7 +13,7 @@ from helpers import greedy, load_benchmark_script, prompt, speculative, tiny_dra
 from transformers import DynamicCache
 from transformers.integrations import sdpa_attention
 
-from hf_dynaspec.generation.grouped_attention import GQA_SDPA, gqa_configs, grouped_attention
+from hf_dynaspec.generation.verification.grouped_attention import GQA_SDPA, gqa_configs, grouped_attention
 from hf_dynaspec.masks import causal_mask
 
 

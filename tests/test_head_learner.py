@@ -10,10 +10,16 @@ import torch
 from helpers import prompt
 
 from hf_dynaspec import DynaSpecGenerationConfig
-from hf_dynaspec.generation import calibration, measured
-from hf_dynaspec.generation.head_learner import EXPLORE_SAMPLES, KEEP, RECHECK_EVERY, HeadLearner, learner_key
-from hf_dynaspec.generation.policy import VerifyCosts, relaid_costs
-from hf_dynaspec.generation.walk_head import RowsHead
+from hf_dynaspec.generation.planning import calibration, measured
+from hf_dynaspec.generation.planning.policy import VerifyCosts, relaid_costs
+from hf_dynaspec.generation.verification.head_learner import (
+    EXPLORE_SAMPLES,
+    KEEP,
+    RECHECK_EVERY,
+    HeadLearner,
+    learner_key,
+)
+from hf_dynaspec.generation.verification.walk_head import RowsHead
 
 LAYOUTS = ("rows", "columns", "prefilter")
 

@@ -11,9 +11,10 @@ import pytest
 import torch
 from helpers import prompt
 
-from hf_dynaspec.generation import calibration, measured, verifier, verify
-from hf_dynaspec.generation.head_times import ROW_GRID, HeadTimes, grid_rows, pad_rows
-from hf_dynaspec.generation.walk_head import WalkHead
+from hf_dynaspec.generation.planning import calibration, measured
+from hf_dynaspec.generation.verification import verifier, verify
+from hf_dynaspec.generation.verification.head_times import ROW_GRID, HeadTimes, grid_rows, pad_rows
+from hf_dynaspec.generation.verification.walk_head import WalkHead
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -61,7 +62,7 @@ def test_a_batch_reads_every_node_where_that_costs_no_more(target, drafter, monk
     monkeypatch.setattr(calibration, "head_times", lambda target, walk_head: times)
     monkeypatch.setattr(calibration, "measure_walk_head",
                         lambda target, layouts, batch: WalkHead.of(target, 2, "rows"))
-    import hf_dynaspec.generation.decoding as decoding
+    import hf_dynaspec.generation.loop.decoding as decoding
 
     monkeypatch.setattr(decoding, "head_times", calibration.head_times)
     made, rows_now = [], [0]  # rows made on demand while a batch of several rows verified

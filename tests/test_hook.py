@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from transformers.generation.utils import GenerationMixin
 
-from hf_dynaspec.generation import hook
+from hf_dynaspec.generation.loop import hook
 
 
 def test_install_is_idempotent_and_uninstall_restores_transformers():

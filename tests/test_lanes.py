@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import tiny_drafter, tiny_target
 
-from hf_dynaspec.generation.syncs import HostSyncCounter
+from hf_dynaspec.generation.loop.syncs import HostSyncCounter
 from hf_dynaspec.head import LogitTransform
 
 

@@ -12,7 +12,7 @@ import torch
 from helpers import prompt, tiny_drafter, tiny_target
 
 from hf_dynaspec import DynaSpecCandidateGenerator, DynaSpecGenerationConfig
-from hf_dynaspec.generation.lockstep import catch_up_together, draft_together, drafts_together
+from hf_dynaspec.generation.drafting.lockstep import catch_up_together, draft_together, drafts_together
 from hf_dynaspec.generation_config import resolve_draft_settings
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py

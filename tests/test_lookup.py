@@ -7,8 +7,8 @@ import torch
 from helpers import prompt
 
 from hf_dynaspec import DynaSpecConfig, DynaSpecGenerationConfig
-from hf_dynaspec.generation.lookup import find_continuation
-from hf_dynaspec.generation.tree import grow_tree, new_pool
+from hf_dynaspec.generation.drafting.lookup import find_continuation
+from hf_dynaspec.generation.drafting.tree import grow_tree, new_pool
 from hf_dynaspec.generation_config import DEFAULT_SETTINGS, DraftSettings, resolve_draft_settings
 
 

@@ -1,4 +1,4 @@
-"""Calibration's measurements kept on disk (`hf_dynaspec.generation.measured`): the next process reads them
+"""Calibration's measurements kept on disk (`hf_dynaspec.generation.planning.measured`): the next process reads them
 instead of timing again; a different target shape, machine or setting measures anew; broken files are
 measured over."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 from helpers import tiny_target
 
-from hf_dynaspec.generation import calibration, measured
+from hf_dynaspec.generation.planning import calibration, measured
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@ import torch
 from helpers import load_benchmark_script, prompt
 
 from hf_dynaspec import DynaSpecGenerationConfig
-from hf_dynaspec.generation import decoding, policy, step_arms
+from hf_dynaspec.generation.loop import decoding
+from hf_dynaspec.generation.planning import policy, step_arms
 
 
 def test_every_step_is_plain_inside_the_block_and_nothing_is_left_patched(target, drafter):

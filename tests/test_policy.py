@@ -1,4 +1,4 @@
-"""The step policy (`hf_dynaspec.generation.policy`): the cost model, per-depth calibration, trimming, the
+"""The step policy (`hf_dynaspec.generation.planning.policy`): the cost model, per-depth calibration, trimming, the
 choice between plain, lookup and drafted steps, its reports, and greedy exactness whatever it chooses."""
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import torch
 from helpers import greedy, prompt, speculative
 
 from hf_dynaspec import DynaSpecGenerationConfig
-from hf_dynaspec.generation import decoding, learned
-from hf_dynaspec.generation.calibration import measure_verify_costs
-from hf_dynaspec.generation.policy import (
+from hf_dynaspec.generation.drafting.tree import TreePool, compact, graft, lookup_tree, subtree
+from hf_dynaspec.generation.loop import decoding
+from hf_dynaspec.generation.planning import learned
+from hf_dynaspec.generation.planning.calibration import measure_verify_costs
+from hf_dynaspec.generation.planning.policy import (
     LOOKUP_PRIOR_WEIGHT,
     MAX_PROBE_GAP,
     MIN_SEEN,
@@ -32,8 +34,7 @@ from hf_dynaspec.generation.policy import (
     trim,
     trim_trees,
 )
-from hf_dynaspec.generation.step_arms import StepArms
-from hf_dynaspec.generation.tree import TreePool, compact, graft, lookup_tree, subtree
+from hf_dynaspec.generation.planning.step_arms import StepArms
 
 
 def small_tree():
@@ -313,7 +314,7 @@ def test_measured_costs_start_at_one_and_never_fall(target):
 
 
 def test_costs_are_measured_at_the_batch_size_bucket(target):
-    from hf_dynaspec.generation.policy import batch_bucket
+    from hf_dynaspec.generation.planning.policy import batch_bucket
 
     assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 32)] == [1, 2, 4, 4, 8, 8, 16, 32]
     single = measure_verify_costs(target, max_tokens=5)

@@ -9,9 +9,9 @@ from helpers import prompt
 from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from hf_dynaspec import DynaSpecGenerationConfig
-from hf_dynaspec.generation import calibration
-from hf_dynaspec.generation.prefilter import Prefilter, bounds, unsupported_reason
-from hf_dynaspec.generation.walk_head import WalkHead, choose_walk_head
+from hf_dynaspec.generation.planning import calibration
+from hf_dynaspec.generation.verification.prefilter import Prefilter, bounds, unsupported_reason
+from hf_dynaspec.generation.verification.walk_head import WalkHead, choose_walk_head
 
 
 def awkward_head(vocab: int, dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +81,7 @@ def test_greedy_output_is_plain_greedy_for_every_verify_head(target, drafter, ve
 
 def test_prefilter_picks_are_made_without_logits(target, drafter, monkeypatch):
     """With the prefilter no node's logits are computed: every pick comes from the bf16 pass."""
-    from hf_dynaspec.generation import verify
+    from hf_dynaspec.generation.verification import verify
 
     monkeypatch.setattr(verify.NodeLogits, "row", lambda self, node: pytest.fail("logits were computed"))
     config = DynaSpecGenerationConfig(max_new_tokens=12, do_sample=False, implementation={"verify_head": "prefilter"})
@@ -103,7 +103,7 @@ def test_auto_leaves_the_prefilter_out_when_sampling(target, drafter, monkeypatc
         asked.append(layouts)
         return WalkHead.of(model, layout=layouts[0])
 
-    monkeypatch.setattr("hf_dynaspec.generation.calibration.measure_walk_head", measured)
+    monkeypatch.setattr("hf_dynaspec.generation.planning.calibration.measure_walk_head", measured)
     for do_sample in (False, True):
         config = DynaSpecGenerationConfig(max_new_tokens=4, do_sample=do_sample)
         target.generate(prompt(5), generation_config=config, assistant_model=drafter)
@@ -118,7 +118,7 @@ def test_a_batch_asks_for_the_walk_head_of_its_size(target, drafter, monkeypatch
         asked.append(batch)
         return WalkHead.of(model, layout="rows")
 
-    monkeypatch.setattr("hf_dynaspec.generation.calibration.measure_walk_head", measured)
+    monkeypatch.setattr("hf_dynaspec.generation.planning.calibration.measure_walk_head", measured)
     ids = torch.cat([prompt(6, seed=s) for s in range(3)])  # (3, 6)
     config = DynaSpecGenerationConfig(max_new_tokens=4, do_sample=False)
     target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, assistant_model=drafter)
@@ -141,7 +141,7 @@ def test_named_layout_is_measured_alone(target, monkeypatch):
 
 
 def test_a_bf16_gemm_beyond_the_bound_keeps_the_prefilter_out(target, monkeypatch):
-    from hf_dynaspec.generation import prefilter
+    from hf_dynaspec.generation.verification import prefilter
 
     monkeypatch.setattr(calibration, "_WALK_HEADS", calibration.weakref.WeakKeyDictionary())
     monkeypatch.setattr(prefilter.Prefilter, "error_over_bound", lambda self, hidden: 0.7)

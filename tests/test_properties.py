@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.generation.logits_process import LogitsProcessorList
 
-from hf_dynaspec.generation.tree import VerifyTree
-from hf_dynaspec.generation.verify import walk_tree
+from hf_dynaspec.generation.drafting.tree import VerifyTree
+from hf_dynaspec.generation.verification.verify import walk_tree
 from hf_dynaspec.generation_config import DraftSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py

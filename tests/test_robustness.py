@@ -20,8 +20,8 @@ from helpers import greedy, prompt, speculative, tiny_drafter, tiny_target
 from transformers import DynamicCache, LlamaConfig, MistralConfig, MistralForCausalLM
 
 from hf_dynaspec import DynaSpecDrafter, DynaSpecGenerationConfig
-from hf_dynaspec.generation.candidates import DynaSpecCandidateGenerator
-from hf_dynaspec.generation.stats import SpeculativeStats
+from hf_dynaspec.generation.drafting.candidates import DynaSpecCandidateGenerator
+from hf_dynaspec.generation.loop.stats import SpeculativeStats
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

@@ -11,7 +11,7 @@ from unittest import mock
 import pytest
 import torch
 
-from hf_dynaspec.generation.stats import SECTIONS, SpeculativeStats
+from hf_dynaspec.generation.loop.stats import SECTIONS, SpeculativeStats
 
 
 def some_stats(scale: int) -> SpeculativeStats:

@@ -6,8 +6,9 @@ import torch
 from helpers import prompt
 
 from hf_dynaspec import DynaSpecGenerationConfig
-from hf_dynaspec.generation import decoding, policy
-from hf_dynaspec.generation.step_arms import EXPLORE_EVERY, MIN_STEPS, RECHECK_EVERY, StepArms
+from hf_dynaspec.generation.loop import decoding
+from hf_dynaspec.generation.planning import policy
+from hf_dynaspec.generation.planning.step_arms import EXPLORE_EVERY, MIN_STEPS, RECHECK_EVERY, StepArms
 
 
 def run(arms: StepArms, rate: dict[str, float], steps: int) -> list[str]:

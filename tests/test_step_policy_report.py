@@ -11,7 +11,7 @@ from helpers import load_benchmark_script, tiny_drafter, tiny_target
 
 from hf_dynaspec import DynaSpecDrafter
 from hf_dynaspec.bench import Record, run_identity
-from hf_dynaspec.generation.stats import SpeculativeStats
+from hf_dynaspec.generation.loop.stats import SpeculativeStats
 
 
 def records() -> list[Record]:

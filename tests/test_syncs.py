@@ -8,8 +8,8 @@ import torch
 from helpers import greedy, prompt, tiny_drafter
 
 from hf_dynaspec import DynaSpecGenerationConfig
-from hf_dynaspec.generation import decoding, syncs
-from hf_dynaspec.generation.syncs import HostSyncCounter, wall_seconds
+from hf_dynaspec.generation.loop import decoding, syncs
+from hf_dynaspec.generation.loop.syncs import HostSyncCounter, wall_seconds
 from hf_dynaspec.generation_config import split_implementation
 
 

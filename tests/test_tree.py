@@ -1,4 +1,4 @@
-"""Draft trees (`hf_dynaspec.generation.tree`): growing with both policies from given root proposals, the
+"""Draft trees (`hf_dynaspec.generation.drafting.tree`): growing with both policies from given root proposals, the
 depth rule, grafting a lookup chain, closing under ancestors, and the one renumbering routine behind
 `compact` and `subtree`; plus random trees checked for well-formedness.
 
@@ -14,7 +14,7 @@ import torch
 from helpers import draft_settings, random_trees
 from hypothesis import given, settings
 
-from hf_dynaspec.generation.tree import (
+from hf_dynaspec.generation.drafting.tree import (
     TreePool,
     VerifyTree,
     close_under_ancestors,

@@ -8,9 +8,10 @@ from helpers import prompt
 from transformers import DynamicCache, Gemma2Config, Gemma2ForCausalLM
 
 from hf_dynaspec import DynaSpecGenerationConfig
-from hf_dynaspec.generation import calibration, verifier, verify
-from hf_dynaspec.generation.tree import TreePool, compact
-from hf_dynaspec.generation.walk_head import WalkHead, choose_walk_head, walk_cost
+from hf_dynaspec.generation.drafting.tree import TreePool, compact
+from hf_dynaspec.generation.planning import calibration
+from hf_dynaspec.generation.verification import verifier, verify
+from hf_dynaspec.generation.verification.walk_head import WalkHead, choose_walk_head, walk_cost
 
 
 def final_hidden_and_logits(model, ids):
@@ -106,7 +107,7 @@ def test_walk_rows_match_the_full_logits(target, layout):
 
 
 def test_walk_head_is_measured_and_memoised(target, monkeypatch):
-    from hf_dynaspec.generation import calibration
+    from hf_dynaspec.generation.planning import calibration
 
     monkeypatch.setattr(calibration, "_WALK_HEADS", calibration.weakref.WeakKeyDictionary())
     rows = [1.0, 1.05, 1.1, 1.3, 1.4, 2.0, 2.0, 2.0]  # seconds of 1..8 rows: 3 rows cost about one
@@ -125,7 +126,7 @@ def test_walk_head_is_measured_and_memoised(target, monkeypatch):
 
 def test_every_choice_of_a_layout_shares_its_weight_copy(target, monkeypatch):
     """Batch sizes choose their rows apart, but a layout's copy of the head's weights is made once per weights."""
-    from hf_dynaspec.generation import calibration
+    from hf_dynaspec.generation.planning import calibration
 
     monkeypatch.setattr(calibration, "_WALK_HEADS", calibration.weakref.WeakKeyDictionary())
     monkeypatch.setattr(calibration, "_LAYOUT_HEADS", calibration.weakref.WeakKeyDictionary())

@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import prompt
 
-from hf_dynaspec.generation.walk_head import HEADS, LAYOUTS, WalkHead, head_class
+from hf_dynaspec.generation.verification.walk_head import HEADS, LAYOUTS, WalkHead, head_class
 
 
 def own_pass(target, ids):

@@ -6,7 +6,7 @@ from ..generation_config import (
     ImplementationConfig,
     resolve_draft_settings,
 )
-from .stats import DynaSpecGenerateOutput, SpeculativeStats
+from .loop.stats import DynaSpecGenerateOutput, SpeculativeStats
 
 __all__ = [
     "DraftSettings",

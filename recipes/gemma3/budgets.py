@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from hf_dynaspec.bench import method_settings, read_records, write_doc_block
-from hf_dynaspec.generation.stats import SpeculativeStats
+from hf_dynaspec.generation.loop.stats import SpeculativeStats
 
 DOC_BLOCK = "gemma3-budgets"  # in docs/architecture.md
 BUDGET_KEYS = {"head_mode", "shortlist_k0", "shortlist_k1", "static_size"}  # what a pair may differ in

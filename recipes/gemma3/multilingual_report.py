@@ -43,7 +43,7 @@ from summarize import (  # noqa: E402
 )
 
 from hf_dynaspec.bench import Summary, write_doc_block  # noqa: E402
-from hf_dynaspec.generation.stats import SpeculativeStats  # noqa: E402
+from hf_dynaspec.generation.loop.stats import SpeculativeStats  # noqa: E402
 
 README_BLOCK = "gemma3-multilingual-results"
 DOC_BLOCK = "gemma3-multilingual-why"  # in docs/architecture.md

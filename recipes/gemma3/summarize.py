@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_dynaspec.bench import Summary, write_doc_block
-from hf_dynaspec.generation.stats import SpeculativeStats
+from hf_dynaspec.generation.loop.stats import SpeculativeStats
 
 ROOT = Path(__file__).resolve().parents[2]
 README_BLOCK = "gemma3-results"  # the README's Gemma results, written by --readme

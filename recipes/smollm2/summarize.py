@@ -26,7 +26,7 @@ from hf_dynaspec.bench import (
     write_doc_block,
 )
 from hf_dynaspec.bench_prompts import load_bench_prompts
-from hf_dynaspec.generation.stats import SpeculativeStats
+from hf_dynaspec.generation.loop.stats import SpeculativeStats
 from hf_dynaspec.sharing import TREE_TUNING
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@
 Both are kept on disk per target shape, dtype and machine (`measured`: the next process skips the timing) and
 memoised per target, device, dtype and thread count.
 
-    python -c "from hf_dynaspec.generation.calibration import measure_verify_costs; help(measure_verify_costs)"
+    python -c "from hf_dynaspec.generation.planning.calibration import measure_verify_costs; help(measure_verify_costs)"
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ import weakref
 import torch
 from transformers import DynamicCache
 
-from ..generation_config import DraftSettings
+from ...generation_config import DraftSettings
+from ..drafting.tree import lookup_tree
+from ..loop.syncs import wall_seconds
+from ..verification.cache import KeyLayout, crop_cache
+from ..verification.head_learner import HeadLearner, learner_key
+from ..verification.head_times import HeadTimes
+from ..verification.verifier import Verifier
+from ..verification.walk_head import HEADS, LAYOUTS, WalkHead, choose_walk_head, head_class
 from . import measured
-from .cache import KeyLayout, crop_cache
-from .head_learner import HeadLearner, learner_key
-from .head_times import HeadTimes
 from .policy import VerifyCosts, are_positive_costs, batch_bucket
-from .syncs import wall_seconds
-from .tree import lookup_tree
-from .verifier import Verifier
-from .walk_head import HEADS, LAYOUTS, WalkHead, choose_walk_head, head_class
 
 CALIBRATION_CONTEXT = 128  # cached tokens under the timed forwards (the cost barely moves with context)
 CALIBRATION_REPEATS = 3  # median of this many timed forwards per size

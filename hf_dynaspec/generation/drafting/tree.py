@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..generation_config import DraftSettings
+from ...generation_config import DraftSettings
 
 Proposals = tuple[torch.Tensor, torch.Tensor]  # (F, k) tokens, (F, k) log q
 Frontier = list[int] | torch.Tensor  # pool nodes to expand: a host list (host growth) or (F,) on the device

@@ -30,15 +30,15 @@ from transformers import DynamicCache, GenerationConfig
 from transformers.generation.logits_process import LogitsProcessorList, PrefixConstrainedLogitsProcessor
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
-from ..generation_config import DraftSettings, resolve_draft_settings
-from ..modeling import DynaSpecDrafter
-from ..target_states import hidden_state_request, select_hidden_states
-from .cache import KeyLayout
-from .calibration import head_times, step_costs, walk_head_for
-from .candidates import DynaSpecCandidateGenerator
-from .learned import keep_policy, start_policy
-from .lockstep import catch_up_together, draft_together, drafts_together
-from .policy import (
+from ...generation_config import DraftSettings, resolve_draft_settings
+from ...modeling import DynaSpecDrafter
+from ...target_states import hidden_state_request, select_hidden_states
+from ..drafting.candidates import DynaSpecCandidateGenerator
+from ..drafting.lockstep import catch_up_together, draft_together, drafts_together
+from ..drafting.tree import VerifyTree, lookup_tree
+from ..planning.calibration import head_times, step_costs, walk_head_for
+from ..planning.learned import keep_policy, start_policy
+from ..planning.policy import (
     Option,
     Plan,
     StepPolicy,
@@ -48,11 +48,11 @@ from .policy import (
     relaid_costs,
     trim_trees,
 )
+from ..verification.cache import KeyLayout
+from ..verification.verifier import Verifier
+from ..verification.walk_head import WalkHead
 from .stats import DynaSpecGenerateOutput, SpeculativeStats
 from .syncs import HostSyncCounter
-from .tree import VerifyTree, lookup_tree
-from .verifier import Verifier
-from .walk_head import WalkHead
 
 LAYOUT_SWITCH_MARGIN = 0.95  # the policy's costs follow a learned layout at least 5% faster than theirs
 

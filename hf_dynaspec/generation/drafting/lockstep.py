@@ -29,11 +29,11 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from ..generation_config import DraftSettings
-from ..head import HeadOutput
-from ..head_modes import head_named
-from ..masks import additive_mask
-from .cache import crop_cache
+from ...generation_config import DraftSettings
+from ...head import HeadOutput
+from ...head_modes import head_named
+from ...masks import additive_mask
+from ..verification.cache import crop_cache
 from .candidates import DynaSpecCandidateGenerator, RootProposal
 from .tree import Proposals, TreePool, VerifyTree, grow_together, growing, new_pool
 

@@ -34,14 +34,15 @@ from transformers import DynamicCache, GenerationConfig
 from transformers.cache_utils import Cache, StaticLayer
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from ..generation_config import DraftSettings, resolve_draft_settings
-from ..head import ContextColumns, HeadOutput
-from ..head_modes import head_named
-from ..masks import additive_mask, causal_mask
+from ...generation_config import DraftSettings, resolve_draft_settings
+from ...head import ContextColumns, HeadOutput
+from ...head_modes import head_named
+from ...masks import additive_mask, causal_mask
+from ..loop.stats import SpeculativeStats
+from ..verification.cache import crop_cache
+from ..verification.verify import WalkResult
 from . import graphs as step_graphs
-from .cache import crop_cache
 from .lookup import find_continuation
-from .stats import SpeculativeStats
 from .tree import (
     Expand,
     Proposals,
@@ -55,10 +56,9 @@ from .tree import (
     new_pool,
     pool_capacity,
 )
-from .verify import WalkResult
 
 if TYPE_CHECKING:
-    from ..modeling import DynaSpecDrafter
+    from ...modeling import DynaSpecDrafter
 
 
 @dataclass

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .syncs import SYNCING
+from ..loop.syncs import SYNCING
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ followed it. `graft` (in tree.py) merges them into the drafter's tree as one mor
 the drafter's nodes where the two agree, so the target verifies both in the same forward pass and output
 stays exact (verification never trusts a draft, whatever proposed it).
 
-    python -c "import torch; from hf_dynaspec.generation.lookup import find_continuation as f; print(f(torch.tensor([5, 6, 7, 8, 5, 6]), 3, 1, 2))"
+    python -c "import torch; from hf_dynaspec.generation.drafting.lookup import find_continuation as f; print(f(torch.tensor([5, 6, 7, 8, 5, 6]), 3, 1, 2))"
 """
 
 from __future__ import annotations

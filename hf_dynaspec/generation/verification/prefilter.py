@@ -24,7 +24,7 @@ Only for a head with no bias and logits that reach the user unchanged (no scalin
 tie tokens the raw logits order): `unsupported_reason` says why a head does not qualify.
 
     python -c "
-    import torch; from hf_dynaspec.generation.prefilter import Prefilter
+    import torch; from hf_dynaspec.generation.verification.prefilter import Prefilter
     w = torch.randn(50_000, 64); h = torch.randn(3, 64); p = Prefilter.of(w)
     print(p.argmax(h).tolist(), (h @ w.T).argmax(-1).tolist())"
 """

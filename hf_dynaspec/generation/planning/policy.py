@@ -64,8 +64,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..drafting.tree import VerifyTree, close_under_ancestors, subtree
 from .step_arms import StepArms
-from .tree import VerifyTree, close_under_ancestors, subtree
 
 PROBE_EVERY = 8  # undrafted steps in a row before a drafted step refreshes the estimates
 MAX_PROBE_GAP = 8 * PROBE_EVERY  # the longest probe gap, while probes keep being trimmed to the root (`StepPolicy.gap`)

@@ -12,7 +12,7 @@ does not hold what was asked is measured again. `HF_DYNASPEC_MEASURE`:
 - `fresh`: everything measured in full now and stored (what `hf-dynaspec calibrate` runs);
 - `memory`: measured in full, kept in the process only (the tests).
 
-    python -c "from hf_dynaspec.generation.measured import measurements_dir; print(measurements_dir())"
+    python -c "from hf_dynaspec.generation.planning.measured import measurements_dir; print(measurements_dir())"
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from ..machine import machine_description
-from ..targets import cache_dir
+from ...machine import machine_description
+from ...targets import cache_dir
 
 ENV = "HF_DYNASPEC_MEASURE"
 DIR_ENV = "HF_DYNASPEC_MEASUREMENTS"

@@ -38,15 +38,15 @@ import transformers
 from transformers.generation.utils import GenerationMixin, GenerationMode
 from transformers.pipelines import base as pipelines_base
 
-from ..assisted_settings import USER_SET, apply_assisted_settings, user_set_fields
-from ..generation_config import (
+from ...assisted_settings import USER_SET, apply_assisted_settings, user_set_fields
+from ...generation_config import (
     IMPLEMENTATION_FIELDS,
     REMOVED_FIELDS,
     SPEC_FIELDS,
     implementation_dict,
     speculative_fields_of,
 )
-from ..modeling import DynaSpecDrafter, names_a_drafter
+from ...modeling import DynaSpecDrafter, names_a_drafter
 from .decoding import speculative_decode
 
 _MARK = "__hf_dynaspec_hook__"

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.generation.logits_process import LogitsProcessorList
 
-from .tree import VerifyTree
+from ..drafting.tree import VerifyTree
 from .walk_head import WalkHead
 
 

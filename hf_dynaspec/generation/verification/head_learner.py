@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import measured
+from ..planning import measured
 from .head_times import grid_rows
 from .walk_head import WalkHead
 

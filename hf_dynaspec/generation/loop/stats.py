@@ -6,7 +6,7 @@ Means are properties computed from the sums. Timed sections go through `timer(na
 synchronises before and after when `synchronize` is set (otherwise a section measures kernel launches, not
 work); section names are `SECTIONS`.
 
-    python -c "from hf_dynaspec.generation.stats import SpeculativeStats as S; s = S(steps=2, accepted_tokens=4); print(s.merge(s).summary())"
+    python -c "from hf_dynaspec.generation.loop.stats import SpeculativeStats as S; s = S(steps=2, accepted_tokens=4); print(s.merge(s).summary())"
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ output shape depends on values (`nonzero`, `unique`, `masked_select`, ...). It w
 test can bound what a GPU step would wait for.
 
     python -c "
-    import torch; from hf_dynaspec.generation.syncs import HostSyncCounter
+    import torch; from hf_dynaspec.generation.loop.syncs import HostSyncCounter
     with HostSyncCounter() as c: int(torch.tensor(3)); torch.arange(4).nonzero()
     print(c.total, dict(c.counts))"
 """

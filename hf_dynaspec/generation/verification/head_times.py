@@ -11,7 +11,7 @@ logits when that costs no more than the walk rows alone (then no walk row is eve
 `verify.walk_trees`). The timings are kept on disk per target shape, layout and machine (`measured`), as
 calibration's are.
 
-    python -c "from hf_dynaspec.generation.head_times import grid_rows; print([grid_rows(r) for r in (5, 13, 40)])"
+    python -c "from hf_dynaspec.generation.verification.head_times import grid_rows; print([grid_rows(r) for r in (5, 13, 40)])"
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import measured
-from .syncs import wall_seconds
+from ..loop.syncs import wall_seconds
+from ..planning import measured
 from .walk_head import WalkHead
 
 ROW_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)

@@ -18,7 +18,7 @@ None wins everywhere (on one AMD EPYC the columns layout was faster for 1-3 rows
 at once in the verification pass that make a walk of w rows cheapest: cost(r) = t(r) + max(0, w - r) * t(1) (rows
 past r priced one by one: an upper bound, as the walk makes them r at a time, `verify.walk_trees`).
 
-    python -c "from hf_dynaspec.generation.walk_head import WalkHead; help(WalkHead)"
+    python -c "from hf_dynaspec.generation.verification.walk_head import WalkHead; help(WalkHead)"
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import ClassVar
 
 import torch
 
-from ..head import LogitTransform
+from ...head import LogitTransform
 from .prefilter import Prefilter, unsupported_reason
 
 Made = torch.Tensor | list[int]  # what a head makes of r rows: their logits (r, V) fp32, or their picks (r ids)

@@ -28,13 +28,13 @@ import torch
 from transformers import DynamicCache
 from transformers.generation.logits_process import LogitsProcessorList
 
-from ..masks import target_masks
-from ..target_states import hidden_state_request, select_hidden_states
+from ...masks import target_masks
+from ...target_states import hidden_state_request, select_hidden_states
+from ..drafting.tree import VerifyTree
 from .cache import KeyLayout, keep_paths, keep_rows
 from .grouped_attention import gqa_configs, grouped_attention
 from .head_learner import HeadLearner
 from .head_times import HeadTimes, pad_rows
-from .tree import VerifyTree
 from .verify import NodeLogits, WalkResult, likely_walk, walk_trees
 from .walk_head import WalkHead
 
