@@ -94,14 +94,18 @@ def task_figures(records: list[Record], task: Task) -> dict:
     }
 
 
+def figure_cells(t: dict) -> str:
+    """A task's measured cells: prompts, plain tok/s, prompt lookup's and the defaults' speedups, accepted length."""
+    accepted = f"{t['accepted_length']:.2f}" if t["accepted_length"] else ""
+    return (f"{t['prompts']} | {t['plain_tokens_per_s']:.1f} | {t['speedup']['prompt-lookup']:.2f}x | "
+            f"**{t['speedup']['defaults']:.2f}x** | {accepted} |")
+
+
 def readme_table(result: dict) -> str:
     """The README block: one row per (target, task kind)."""
     rows = ["| target | task | prompts | plain tok/s | prompt lookup (transformers) | DynaSpec, shipped defaults "
             "| tokens per target step |", "|---|---|---|---|---|---|---|"]
-    for t in result["tasks"]:
-        accepted = f"{t['accepted_length']:.2f}" if t["accepted_length"] else ""
-        rows.append(f"| {t['target']} | {t['kind']} | {t['prompts']} | {t['plain_tokens_per_s']:.1f} | "
-                    f"{t['speedup']['prompt-lookup']:.2f}x | **{t['speedup']['defaults']:.2f}x** | {accepted} |")
+    rows += [f"| {t['target']} | {t['kind']} | {figure_cells(t)}" for t in result["tasks"]]
     machines = sorted({m for t in result["tasks"] for m in t["machines"]})
     rows.append("")
     rows.append(f"Greedy, fp32, batch 1, {result['max_new_tokens']} new tokens; speedup = plain's summed seconds over "
@@ -119,10 +123,7 @@ def card_block(result: dict, drafter: str) -> str | None:
     rows = ["Speed at the shipped defaults (this folder's `generation_config.json`), against plain `generate()`:", "",
             "| task | prompts | plain tok/s | prompt lookup (transformers) | this drafter | tokens per target step |",
             "|---|---|---|---|---|---|"]
-    for t in tasks:
-        accepted = f"{t['accepted_length']:.2f}" if t["accepted_length"] else ""
-        rows.append(f"| {t['kind']} | {t['prompts']} | {t['plain_tokens_per_s']:.1f} | "
-                    f"{t['speedup']['prompt-lookup']:.2f}x | **{t['speedup']['defaults']:.2f}x** | {accepted} |")
+    rows += [f"| {t['kind']} | {figure_cells(t)}" for t in tasks]
     machines = sorted({m for t in tasks for m in t["machines"]})
     rows += ["", f"Greedy, fp32, batch 1, {result['max_new_tokens']} new tokens, every output identical to plain "
              f"greedy ({sum(t['mismatches'] for t in tasks)} mismatches); {'; '.join(machines)}; "

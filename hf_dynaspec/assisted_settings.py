@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from transformers import GenerationConfig
 
-USER_SET = "_hf_dynaspec_user_set"  # attribute of a call's prepared config: the names the user set (a frozenset)
+USER_SET = "_hf_dynaspec_user_set"  # attribute of a call's prepared config: the names the user set (sorted list)
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ def schedule_to_step_policy(schedule: Any) -> str:
 
 DROP_OR_PLAIN = "drop it, or generate without `assistant_model`"
 SCORES_INSTEAD = "use output_scores / output_logits, or generate without `assistant_model`"
+LOOKBEHIND = ("it aligns an assistant with another tokenizer (universal assisted generation); a DynaSpec drafter "
+              "shares the target's vocabulary, there is nothing to align: drop it")
 BEAM_ONLY = "beam search only; plain greedy decoding and sampling ignore it too (num_beams > 1 is refused)"
 PLAIN = "as in plain decoding (a logits processor, stopping criterion or output option applied along each verified path)"
 
@@ -77,12 +79,8 @@ _REFUSED = {
     "assistant_early_exit": Setting(
         "refused", "it builds the assistant from the target's first layers (transformers' self-speculation); the "
         f"DynaSpec drafter is the assistant here: {DROP_OR_PLAIN} to use transformers' early exit"),
-    "assistant_lookbehind": Setting(
-        "refused", "it aligns an assistant with another tokenizer (universal assisted generation); a DynaSpec "
-        "drafter shares the target's vocabulary, there is nothing to align: drop it"),
-    "target_lookbehind": Setting(
-        "refused", "it aligns an assistant with another tokenizer (universal assisted generation); a DynaSpec "
-        "drafter shares the target's vocabulary, there is nothing to align: drop it"),
+    "assistant_lookbehind": Setting("refused", LOOKBEHIND),
+    "target_lookbehind": Setting("refused", LOOKBEHIND),
     "assistant_ensemble_weight": Setting(
         "refused", "it accepts drafts against a mixture of target and assistant (lossy); DynaSpec verifies exactly "
         f"against the target: {DROP_OR_PLAIN}"),
@@ -156,17 +154,16 @@ def user_set_fields(passed: GenerationConfig | None, model_config: GenerationCon
 
 
 def apply_assisted_settings(config: GenerationConfig, user_set: Iterable[str], arguments: dict[str, Any] | None = None,
-                            also_inert: dict[str, tuple] | None = None) -> dict[str, Any]:
+                            also_inert: dict[str, tuple] | None = None) -> None:
     """Check a call's transformers settings against a DynaSpec drafter and write the mapped ones it set
     (`user_set`) onto `config` as DynaSpec settings; a call's own DynaSpec setting of another value is a conflict.
     A refused setting the call set raises `ValueError` at any value but its inert ones (and `also_inert`'s, such
-    as the target's own default cache). Returns {DynaSpec setting: value} written."""
+    as the target's own default cache)."""
     also_inert = also_inert or {}
     for name, value in (arguments or {}).items():
         refuse_if_set(name, ARGUMENTS[name], value)
     for name in sorted(set(user_set) & set(SETTINGS)):
         refuse_if_set(name, SETTINGS[name], getattr(config, name, None), also_inert.get(name, ()))
-    written = {}
     for name in sorted(set(user_set) & set(_MAPPED)):
         setting, value = SETTINGS[name], getattr(config, name, None)
         if value is None:
@@ -179,8 +176,6 @@ def apply_assisted_settings(config: GenerationConfig, user_set: Iterable[str], a
                 f"sets {setting.maps_to}={own!r}: set one of them."
             )
         setattr(config, setting.maps_to, mapped)
-        written[setting.maps_to] = mapped
-    return written
 
 
 def refuse_if_set(name: str, setting: Setting, value: Any, also_inert: tuple = ()) -> None:

@@ -18,6 +18,7 @@ tests/test_head_modes.py, which registers a toy mode and decodes exactly with it
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,7 +49,7 @@ class HeadRequest:
     union_limit: UnionLimit | None = None
 
 
-class HeadMode:
+class HeadMode(ABC):
     """One head mode; subclasses set `name` and the flags, and implement `logits`."""
 
     name: str = ""
@@ -56,9 +57,9 @@ class HeadMode:
     reads_context = False  # the step's context columns (`ShortlistHead.context_columns`)
     reads_static = False  # the stored static shortlist, sized by `static_size`
 
+    @abstractmethod
     def logits(self, head: ShortlistHead, features: torch.Tensor, request: HeadRequest) -> HeadOutput:
         """features (T, d) -> HeadOutput over this mode's columns."""
-        raise NotImplementedError
 
     def graph_blocker(self, layout: str) -> str | None:
         """Why a draft step with this head cannot be a captured graph (its shapes change from step to step), or
@@ -162,25 +163,22 @@ class Static(HeadMode):
         return HeadOutput.dense(ids, head.transform(F.linear(features, weight).float()))  # (T, S)
 
 
+NO_TRAINED_HEAD = ("head_mode='trained' needs a drafter with its own trained head (an EAGLE-3 checkpoint's lm_head, "
+                   "loaded with `DynaSpecDrafter.from_pretrained(<checkpoint>)`); this drafter borrows the target's "
+                   "LM-head rows: use head_mode 'dynamic', 'static' or 'full'.")
+
+
 class Trained(HeadMode):
     name = "trained"
 
     def logits(self, head, features, request):
         if head.trained is None:
-            raise ValueError(
-                "head_mode='trained' needs a drafter with its own trained head (an EAGLE-3 checkpoint's lm_head, "
-                "loaded with `DynaSpecDrafter.from_pretrained(<checkpoint>)`); this drafter borrows the target's "
-                "LM-head rows: use head_mode 'dynamic', 'static' or 'full'."
-            )
+            raise ValueError(NO_TRAINED_HEAD)
         return head.trained(features)
 
     def check_drafter(self, config):
         if not config.draft_vocab_size:
-            raise ValueError(
-                "head_mode='trained' needs a drafter with its own trained head (one loaded from an EAGLE-3 "
-                "checkpoint); this drafter borrows the target's LM-head rows: use head_mode 'dynamic', 'static' or "
-                "'full'."
-            )
+            raise ValueError(NO_TRAINED_HEAD)
 
 
 for _mode in (Dynamic(), Full(), Static(), Context(), Union(), Trained()):

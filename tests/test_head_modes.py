@@ -54,5 +54,8 @@ def test_an_unregistered_mode_is_refused_naming_the_modes(target, drafter):
 
 
 def test_register_head_takes_a_named_mode():
+    class Unnamed(FirstTokens):
+        name = ""
+
     with pytest.raises(ValueError, match="named HeadMode"):
-        register_head(HeadMode())
+        register_head(Unnamed(4))
